@@ -1,0 +1,84 @@
+"""The kernel contract: eight entry points every backend implements with the same meaning.
+
+Shapes (P = plan capacity, rows in grouped order; n = expert intermediate size):
+  x (T, d), w1 (E, d, 2n) with w1[..., :n] = gate and w1[..., n:] = up ("concat" layout),
+  w2 (E, n, d), H (P, 2n), A (P, n), Y (P, d), dO (T, d).
+Operands are bf16 (or f32), accumulation is fp32, scores and dS are fp32. Rows of P outside
+the expert groups (token-rounding padding) are never read by a consumer; producers may leave
+anything there. Backends may fuse several entry points as long as results match.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import jax
+
+from sonic_jax.routing import RoutingPlan
+
+
+class ExpertKernels(abc.ABC):
+  """A backend: the eight kernel entry points of the expert block."""
+
+  name: str = "abstract"
+
+  def validate(self, x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array) -> None:
+    """Raises ValueError (naming the argument and the rule) for shapes this backend cannot tile.
+
+    Called with concrete shapes before any kernel runs; the default accepts everything.
+    """
+
+  @abc.abstractmethod
+  def up_proj(self, x: jax.Array, w1: jax.Array, plan: RoutingPlan, *,
+              inference: bool = False) -> tuple[jax.Array | None, jax.Array]:
+    """Gathered x · W1 with SwiGLU epilogue.
+
+    H[p] = x[gather_idx[p]] · w1[e(p)] (fp32 accumulate, stored in x.dtype),
+    A[p] = silu(H_gate) · H_up computed from the fp32 accumulator.
+    Returns (H (P, 2n) or None when ``inference``, A (P, n)).
+    """
+
+  @abc.abstractmethod
+  def down_proj(self, a: jax.Array, w2: jax.Array, plan: RoutingPlan) -> jax.Array:
+    """Y[p] = A[p] · w2[e(p)]: (P, n) -> (P, d) in a.dtype."""
+
+  @abc.abstractmethod
+  def combine(self, y: jax.Array, plan: RoutingPlan, scores: jax.Array | None,
+              out_dtype) -> jax.Array:
+    """out[t] = Σ_{j in token t} s_j · Y[reverse_idx[j]] (fp32 accumulate), (P, d) -> (T, d).
+
+    scores: (P,) fp32 in flat order, or None for an unweighted sum (the dx combine).
+    Tokens with no pairs get zeros.
+    """
+
+  @abc.abstractmethod
+  def dh(self, dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
+         plan: RoutingPlan) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Down-projection backward with the dSwiGLU / dS / A' epilogue.
+
+    dA'[p] = dout[gather_idx[p]] · w2[e(p)]ᵀ (fp32); A recomputed from H;
+    dS[p] = ⟨dA'[p], A[p]⟩ (fp32); dH[p] = s_p · dSwiGLU(dA'[p]) (concat layout, h.dtype);
+    A'[p] = s_p · A[p] (h.dtype). scores_grouped: (P,) fp32.
+    Returns (dH (P, 2n), A' (P, n), dS (P,) fp32), all in grouped order.
+    """
+
+  @abc.abstractmethod
+  def dw2(self, dout: jax.Array, a_prime: jax.Array, plan: RoutingPlan) -> jax.Array:
+    """dW2[e] = Σ_{p in e} A'[p]ᵀ ⊗ dout[gather_idx[p]] -> (E, n, d), fp32 or a_prime.dtype.
+
+    Empty experts give zeros.
+    """
+
+  @abc.abstractmethod
+  def dx_pairs(self, dh: jax.Array, w1: jax.Array, plan: RoutingPlan) -> jax.Array:
+    """dX_pairs[p] = dH[p] · w1[e(p)]ᵀ: (P, 2n) -> (P, d) in dh.dtype."""
+
+  @abc.abstractmethod
+  def dw1(self, x: jax.Array, dh: jax.Array, plan: RoutingPlan) -> jax.Array:
+    """dW1[e] = Σ_{p in e} x[gather_idx[p]]ᵀ ⊗ dH[p] -> (E, d, 2n), fp32 or dh.dtype.
+
+    Empty experts give zeros.
+    """
+
+  def __repr__(self) -> str:
+    return f"<{type(self).__name__} {self.name!r}>"

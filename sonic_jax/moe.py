@@ -1,0 +1,41 @@
+"""``sonic_jax.moe``: router + routing + expert block in one call."""
+
+from __future__ import annotations
+
+import jax
+
+from sonic_jax.backends import validate_backend_name
+from sonic_jax.experts import moe_experts, validate_expert_args
+from sonic_jax.kernels import ExpertKernels
+from sonic_jax.routing import (TokenRounding, route_logits, router_logits, validate_router_args,
+                               validate_routing_args)
+
+
+def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int,
+        renormalize: bool = True, routing: str | TokenRounding = "topk",
+        backend: str | ExpertKernels = "auto") -> jax.Array:
+  """SwiGLU mixture-of-experts layer.
+
+  Args:
+    x: (T, d) tokens (bf16 or f32).
+    router_w: (d, E) router weights; logits = x · router_w, softmax over experts in fp32.
+    w1: (E, d, 2n) gate | up projections (see ``fuse_gate_up``); w2: (E, n, d).
+    top_k: experts per token, 1 <= top_k <= E.
+    renormalize: scores are the top-K softmax probabilities divided by their sum (Mixtral /
+      SonicMoE default); False keeps the raw probabilities (OLMoE / Qwen3 style).
+    routing: "topk", "token_rounding" (tile 128, nearest) or a ``TokenRounding`` config.
+    backend: "auto" | "xla" | "pallas" | "ffi" (or an ExpertKernels instance).
+  Returns:
+    (T, d) in x.dtype: out_t = Σ_k s_tk · (silu(x_t W1g_e) ⊙ x_t W1u_e) · W2_e.
+  """
+  validate_router_args(x, router_w)
+  validate_backend_name(backend)
+  if w1.ndim >= 1 and router_w.shape[1] != getattr(w1, "shape", (None,))[0]:
+    raise ValueError(
+        f"router_w has {router_w.shape[1]} experts but w1 has {w1.shape[0]} (w1.shape[0] must "
+        f"equal router_w.shape[1])")
+  logits = router_logits(x, router_w)
+  validate_routing_args(logits, top_k, routing)
+  plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing)
+  validate_expert_args(x, plan, w1, w2)
+  return moe_experts(x, plan, w1, w2, backend=backend)

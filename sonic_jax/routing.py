@@ -1,0 +1,273 @@
+"""Routing: router scores, top-K, token rounding, and the RoutingPlan every backend consumes.
+
+Pairs (token, expert) live in two orders:
+
+* flat order ``j``: sorted by token (for top-K, ``j = t*K + k``); valid pairs first, then padding.
+* grouped order ``p``: sorted by expert, stable in ``j``; expert ``e`` owns rows
+  ``[group_offsets[e], group_offsets[e+1])``; rows from ``group_offsets[E]`` on are padding.
+
+Every array has a static shape. Top-K routing has exactly ``T*K`` pairs; token rounding has a
+data-dependent pair count, so its plan is a fixed-capacity buffer whose group sizes say which rows
+are real. Kernels read and write only rows inside groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+RoundingMode = Literal["nearest", "up", "down"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenRounding:
+  """Tile-aware token rounding (SonicMoE §6): per-expert counts become multiples of ``tile``.
+
+  mode: ``nearest`` (round half to even, changes an expert by at most ``tile/2``), ``up``
+  (adds the best unchosen tokens by softmax probability) or ``down`` (drops the lowest-ranked
+  token choices). Counts are capped at the number of tokens.
+  """
+
+  tile: int = 128
+  mode: RoundingMode = "nearest"
+
+  def __post_init__(self):
+    if not isinstance(self.tile, int) or self.tile < 1:
+      raise ValueError(f"TokenRounding.tile must be a positive int, got {self.tile!r}")
+    if self.mode not in ("nearest", "up", "down"):
+      raise ValueError(
+          f"TokenRounding.mode must be one of 'nearest', 'up', 'down', got {self.mode!r}")
+
+  def capacity(self, num_tokens: int, num_experts: int, top_k: int) -> int:
+    """Static upper bound on the number of kept pairs."""
+    extra = {"nearest": self.tile // 2, "up": self.tile - 1, "down": 0}[self.mode]
+    return min(num_tokens * top_k + num_experts * extra, num_tokens * num_experts)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RoutingPlan:
+  """Routing of T tokens to E experts with static shapes (P = capacity).
+
+  Array fields (int32 unless noted):
+    scores: (P,) float32, gate weight of flat pair j (0 on padding). Differentiable.
+    token_ids: (P,) token of flat pair j (0 on padding).
+    expert_ids: (P,) expert of flat pair j (0 on padding).
+    token_offsets: (T+1,) CSR offsets of each token's pairs in flat order.
+    group_sizes: (E,) rows per expert.
+    group_offsets: (E+1,) exclusive prefix sum of group_sizes.
+    gather_idx: (P,) grouped row p -> token (0 on padding).
+    scatter_idx: (P,) grouped row p -> flat pair j.
+    reverse_idx: (P,) flat pair j -> grouped row p (inverse permutation of scatter_idx).
+  Static fields:
+    num_tokens (T), num_experts (E), top_k: K when every token has exactly K pairs and
+    ``j = t*K + k`` (top-K routing), else None (variable pairs per token, e.g. token rounding).
+  """
+
+  scores: jax.Array
+  token_ids: jax.Array
+  expert_ids: jax.Array
+  token_offsets: jax.Array
+  group_sizes: jax.Array
+  group_offsets: jax.Array
+  gather_idx: jax.Array
+  scatter_idx: jax.Array
+  reverse_idx: jax.Array
+  num_tokens: int = dataclasses.field(metadata=dict(static=True))
+  num_experts: int = dataclasses.field(metadata=dict(static=True))
+  top_k: int | None = dataclasses.field(metadata=dict(static=True))
+
+  @property
+  def capacity(self) -> int:
+    return self.gather_idx.shape[0]
+
+  @property
+  def num_pairs(self) -> jax.Array:
+    """Number of valid pairs (a traced scalar)."""
+    return self.group_offsets[-1]
+
+  def valid_mask(self) -> jax.Array:
+    """(P,) bool: flat pair j (equivalently grouped row p) is a real pair."""
+    return jnp.arange(self.capacity, dtype=jnp.int32) < self.num_pairs
+
+  def grouped_scores(self) -> jax.Array:
+    """(P,) float32 scores in grouped (expert-sorted) order."""
+    return self.scores[self.scatter_idx]
+
+  def replace(self, **kw) -> "RoutingPlan":
+    return dataclasses.replace(self, **kw)
+
+  @classmethod
+  def from_assignments(cls, token_ids: jax.Array, expert_ids: jax.Array, scores: jax.Array,
+                       *, num_tokens: int, num_experts: int, valid: jax.Array | None = None,
+                       top_k: int | None = None) -> "RoutingPlan":
+    """Builds a plan from (token, expert, score) triples in flat order.
+
+    token_ids, expert_ids, scores: (P,). Valid pairs must come first, sorted by token
+    (ascending); ``valid`` (P,) bool marks them (all valid when None). With ``top_k`` set,
+    pairs must be exactly ``j = t*K + k``.
+    """
+    capacity = token_ids.shape[0]
+    token_ids = token_ids.astype(jnp.int32)
+    expert_ids = expert_ids.astype(jnp.int32)
+    scores = scores.astype(jnp.float32)
+    if valid is None:
+      valid = jnp.ones((capacity,), bool)
+    token_ids = jnp.where(valid, token_ids, 0)
+    expert_ids = jnp.where(valid, expert_ids, 0)
+    scores = jnp.where(valid, scores, 0.0)
+    # Stable sort by expert with padding (key E) last: grouped order p -> flat pair j.
+    key = jnp.where(valid, expert_ids, num_experts)
+    scatter_idx = jnp.argsort(key, stable=True).astype(jnp.int32)
+    reverse_idx = jnp.zeros((capacity,), jnp.int32).at[scatter_idx].set(
+        jnp.arange(capacity, dtype=jnp.int32))
+    gather_idx = token_ids[scatter_idx]
+    group_sizes = jnp.zeros((num_experts,), jnp.int32).at[expert_ids].add(
+        valid.astype(jnp.int32))
+    group_offsets = jnp.concatenate(
+        [jnp.zeros((1,), jnp.int32), jnp.cumsum(group_sizes, dtype=jnp.int32)])
+    if top_k is not None:
+      token_offsets = jnp.arange(num_tokens + 1, dtype=jnp.int32) * top_k
+    else:
+      sort_key = jnp.where(valid, token_ids, num_tokens)
+      token_offsets = jnp.searchsorted(
+          sort_key, jnp.arange(num_tokens + 1, dtype=jnp.int32), side="left").astype(jnp.int32)
+    return cls(scores=scores, token_ids=token_ids, expert_ids=expert_ids,
+               token_offsets=token_offsets, group_sizes=group_sizes,
+               group_offsets=group_offsets, gather_idx=gather_idx, scatter_idx=scatter_idx,
+               reverse_idx=reverse_idx, num_tokens=num_tokens, num_experts=num_experts,
+               top_k=top_k)
+
+
+def _is_float(a) -> bool:
+  return jnp.issubdtype(jnp.result_type(a), jnp.floating)
+
+
+def router_logits(x: jax.Array, router_w: jax.Array) -> jax.Array:
+  """x (T, d) · router_w (d, E) -> (T, E) float32 logits (operands in their dtype, fp32 acc)."""
+  return jnp.dot(x, router_w, preferred_element_type=jnp.float32)
+
+
+def validate_routing_args(logits: jax.Array, top_k: int, routing) -> TokenRounding | None:
+  """Checks router logits (T, E), top_k and routing; returns the token-rounding config or None."""
+  if getattr(logits, "ndim", None) != 2:
+    raise ValueError(f"logits must have shape (T, E), got shape {jnp.shape(logits)}")
+  if not _is_float(logits):
+    raise ValueError(f"logits must be floating point, got dtype {jnp.result_type(logits)}")
+  num_experts = logits.shape[1]
+  if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
+    raise ValueError(f"top_k must be an int, got {top_k!r}")
+  if not 1 <= top_k <= num_experts:
+    raise ValueError(
+        f"top_k must satisfy 1 <= top_k <= num_experts ({num_experts}), got {top_k}")
+  if isinstance(routing, TokenRounding):
+    return routing
+  if routing == "topk":
+    return None
+  if routing == "token_rounding":
+    return TokenRounding()
+  raise ValueError(
+      f"routing must be 'topk', 'token_rounding' or a sonic_jax.TokenRounding, got {routing!r}")
+
+
+def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
+                 routing: str | TokenRounding = "topk") -> RoutingPlan:
+  """Routes tokens from router logits (T, E).
+
+  Scores are fp32: p = softmax(logits) over all experts; top-K by p; with ``renormalize`` the
+  K scores are divided by their sum (equal to SonicMoE's softmax over the top-K logits), else
+  they are the raw probabilities. Token rounding keeps, per expert, the best-ranked tokens up to a
+  multiple of the tile (see ``TokenRounding``); kept pairs take p (divided by the sum of the
+  token's top-K probabilities when ``renormalize``), so a tile of 1 reproduces top-K routing.
+  """
+  rounding = validate_routing_args(logits, top_k, routing)
+  num_tokens, num_experts = logits.shape
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  top_p, top_e = jax.lax.top_k(probs, top_k)
+  denom = jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else None
+  if rounding is None:
+    scores = top_p / denom if renormalize else top_p
+    token_ids = jnp.repeat(jnp.arange(num_tokens, dtype=jnp.int32), top_k)
+    return RoutingPlan.from_assignments(
+        token_ids, top_e.reshape(-1), scores.reshape(-1), num_tokens=num_tokens,
+        num_experts=num_experts, top_k=top_k)
+  return _token_rounding_plan(probs, top_p, top_e, denom, rounding, top_k)
+
+
+def _token_rounding_plan(probs, top_p, top_e, denom, rounding: TokenRounding,
+                         top_k: int) -> RoutingPlan:
+  num_tokens, num_experts = probs.shape
+  tokens = jnp.arange(num_tokens, dtype=jnp.int32)
+  chosen = jnp.zeros((num_tokens, num_experts), bool).at[tokens[:, None], top_e].set(True)
+  counts = jnp.sum(chosen, axis=0, dtype=jnp.int32)
+  # Ranking: token-choice pairs (renormalized score in (0, 1]) outrank every unchosen pair
+  # (p - 1 in (-1, 0]); within each set, by score.
+  v = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+  rank_val = (probs - 1.0).at[tokens[:, None], top_e].set(v)
+  # Position of each token in its expert's descending order (stable: ties keep token order).
+  order = jnp.argsort(-rank_val, axis=0, stable=True)
+  position = jnp.zeros_like(order).at[order, jnp.arange(num_experts)[None, :]].set(
+      tokens[:, None])
+  tile = rounding.tile
+  if rounding.mode == "nearest":
+    rounded = jnp.round(counts / tile).astype(jnp.int32) * tile  # half to even
+  elif rounding.mode == "up":
+    rounded = -(-counts // tile) * tile
+  else:
+    rounded = (counts // tile) * tile
+  rounded = jnp.minimum(rounded, num_tokens)
+  keep = position < rounded[None, :]
+  capacity = rounding.capacity(num_tokens, num_experts, top_k)
+  t_idx, e_idx = jnp.nonzero(keep, size=capacity, fill_value=0)  # row-major: sorted by token
+  valid = jnp.arange(capacity) < jnp.sum(keep)
+  scores = probs[t_idx, e_idx]
+  if denom is not None:
+    scores = scores / denom[t_idx, 0]
+  return RoutingPlan.from_assignments(t_idx, e_idx, scores, num_tokens=num_tokens,
+                                      num_experts=num_experts, valid=valid)
+
+
+def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = True,
+          routing: str | TokenRounding = "topk") -> RoutingPlan:
+  """Router GEMM + routing: x (T, d), router_w (d, E) -> RoutingPlan. See ``route_logits``."""
+  validate_router_args(x, router_w)
+  return route_logits(router_logits(x, router_w), top_k=top_k, renormalize=renormalize,
+                      routing=routing)
+
+
+def validate_router_args(x, router_w) -> None:
+  if getattr(x, "ndim", None) != 2:
+    raise ValueError(f"x must have shape (T, d), got shape {jnp.shape(x)}")
+  if not _is_float(x):
+    raise ValueError(f"x must be floating point, got dtype {jnp.result_type(x)}")
+  if getattr(router_w, "ndim", None) != 2 or router_w.shape[0] != x.shape[1]:
+    raise ValueError(
+        f"router_w must have shape (d, E) with d = x.shape[1] = {x.shape[1]}, got shape "
+        f"{jnp.shape(router_w)}")
+  if not _is_float(router_w):
+    raise ValueError(f"router_w must be floating point, got dtype {jnp.result_type(router_w)}")
+
+
+def load_balancing_loss(logits: jax.Array, plan: RoutingPlan) -> jax.Array:
+  """Switch-style auxiliary loss E · Σ_e mean_t softmax(logits)_e · f_e / Σ f (fp32 scalar).
+
+  Equals 1 for perfectly uniform routing; gradients flow through the softmax only.
+  """
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  freq = plan.group_sizes.astype(jnp.float32)
+  freq = freq / jnp.maximum(jnp.sum(freq), 1.0)
+  return plan.num_experts * jnp.sum(jnp.mean(probs, axis=0) * jax.lax.stop_gradient(freq))
+
+
+def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
+  """(Σ_e ceil(f_e/tile)·tile − Σ_e f_e) / Σ_e f_e: padding a tiled grouped GEMM computes."""
+  f = plan.group_sizes
+  return jnp.sum(-(-f // tile) * tile - f) / jnp.maximum(jnp.sum(f), 1)
+
+
+__all__ = ["RoutingPlan", "TokenRounding", "route", "route_logits", "router_logits",
+           "load_balancing_loss", "wasted_ratio"]
