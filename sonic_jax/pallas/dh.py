@@ -214,7 +214,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
           plgpu.copy_gmem_to_smem(s_gmem.at[m_slice], s_smem, barriers.at[2])
           for i in range(3):
             plgpu.barrier_wait(barriers.at[i])
-          s = plgpu.load(s_smem, (), layout=plgpu.Layout.WGMMA.reduce(1))
+          s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
           ds = None
           # Column chunks keep only epi_n columns of gate/up/temporaries live in registers.
           for c in range(bn // epi_n):
