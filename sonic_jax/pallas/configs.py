@@ -1,0 +1,202 @@
+"""Static tiling configs for the Pallas forward kernels, a per-shape heuristic table, autotune cache.
+
+Heuristic table (bf16, H200; see docs/pallas-forward.md for the measurements behind it):
+
+| GEMM | condition | block_m x block_n x block_k | stages | warpgroups | tile width |
+| --- | --- | --- | --- | --- | --- |
+| plain (down_proj, dx_pairs) | N % 256 == 0 | 128 x 128 x 64 | 4 | 2 consumers + 1 TMA | 8 |
+| plain | N % 128 == 0 | 128 x 128 x 64 | 5 | 1 | 8 |
+| plain | otherwise | 128 x 64 x 64 | 5 | 1 | 8 |
+| SwiGLU (up_proj; gate+up = 2 accumulators) | n % 128 == 0 | 128 x 64 (x2) x 64 | 4 | 2 consumers + 1 TMA | 8 |
+| SwiGLU | n % 64 == 0 | 128 x 64 (x2) x 64 | 4 | 1 | 8 |
+| SwiGLU | otherwise | 128 x 32 (x2) x 64 | 4 | 1 | 8 |
+| combine | d % 256 == 0 | 64 tokens x 256 columns | 4-slot ring | 1 | - |
+
+``block_k`` drops to 32 when the contraction dim is not a multiple of 64. The rules only pick
+among configs that tile the shape; ``backend.PallasKernels.validate`` rejects shapes none tiles.
+``autotune`` (optional) times candidate configs on the current GPU and caches the winner as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Literal
+
+GatherMode = Literal["xla", "fused"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+  """Tiling of one grouped GEMM.
+
+  block_m: rows per M-tile (64 or 128: one wgmma M per warpgroup). block_n: columns per
+  consumer warpgroup (per accumulator: SwiGLU keeps a gate and an up accumulator). block_k:
+  contraction step (64 bf16 = one 128-byte swizzle row). max_concurrent_steps: pipeline stages.
+  grid_tile_width: N-tiles per band of the planar-snake (L2-friendly) tile order.
+  num_compute_wgs: 1 = one warpgroup issues TMA and wgmma (``emit_pipeline``); 2 = a TMA
+  producer warpgroup feeds two consumer warpgroups splitting N (warp specialization).
+  gather: where up_proj gathers x rows: "xla" (before the kernel) or "fused" (in the kernel).
+  num_sms: persistent CTAs (None: the device's SM count).
+  """
+
+  block_m: int = 128
+  block_n: int = 128
+  block_k: int = 64
+  max_concurrent_steps: int = 4
+  grid_tile_width: int = 8
+  num_compute_wgs: int = 1
+  gather: GatherMode = "xla"
+  num_sms: int | None = None
+
+  def __post_init__(self):
+    if self.block_m not in (64, 128):
+      raise ValueError(f"GemmConfig.block_m must be 64 or 128, got {self.block_m}")
+    if self.block_n % 8 or not 8 <= self.block_n <= 256:
+      raise ValueError(f"GemmConfig.block_n must be a multiple of 8 in [8, 256], got "
+                       f"{self.block_n}")
+    if self.block_k not in (16, 32, 64, 128):
+      raise ValueError(f"GemmConfig.block_k must be one of 16, 32, 64, 128, got {self.block_k}")
+    if self.max_concurrent_steps < 2:
+      raise ValueError(f"GemmConfig.max_concurrent_steps must be >= 2, got "
+                       f"{self.max_concurrent_steps}")
+    if self.num_compute_wgs not in (1, 2):
+      raise ValueError(f"GemmConfig.num_compute_wgs must be 1 or 2, got {self.num_compute_wgs}")
+    if self.gather not in ("xla", "fused"):
+      raise ValueError(f"GemmConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
+    if self.grid_tile_width < 1:
+      raise ValueError(f"GemmConfig.grid_tile_width must be >= 1, got {self.grid_tile_width}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CombineConfig:
+  """block_t tokens (64: one warpgroup's WGMMA-layout rows) x block_d columns (<= 256: one TMA
+  box row) per work item; slots: depth of the staging ring of gathered Y rows."""
+
+  block_t: int = 64
+  block_d: int = 256
+  slots: int = 4
+  num_sms: int | None = None
+
+  def __post_init__(self):
+    if self.block_t != 64:
+      raise ValueError(f"CombineConfig.block_t must be 64, got {self.block_t}")
+    if self.block_d % 8 or not 8 <= self.block_d <= 256:
+      raise ValueError(f"CombineConfig.block_d must be a multiple of 8 in [8, 256], got "
+                       f"{self.block_d}")
+    if self.slots < 1:
+      raise ValueError(f"CombineConfig.slots must be >= 1, got {self.slots}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardConfig:
+  """Configs of the forward kernels of one layer (None: heuristic per shape)."""
+
+  up_proj: GemmConfig | None = None
+  down_proj: GemmConfig | None = None
+  dx_pairs: GemmConfig | None = None
+  combine: CombineConfig | None = None
+
+
+def _block_k(k: int) -> int:
+  return 64 if k % 64 == 0 else 32
+
+
+def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmConfig:
+  """Heuristic for a grouped GEMM (P, k) x (k, n) without epilogue (down_proj, dx_pairs)."""
+  bk = _block_k(k)
+  if n % 256 == 0:
+    return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=4,
+                      grid_tile_width=8, num_compute_wgs=2, gather=gather)
+  if n % 128 == 0:
+    return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=5,
+                      grid_tile_width=8, gather=gather)
+  bn = 64 if n % 64 == 0 else 32 if n % 32 == 0 else 8
+  return GemmConfig(block_m=128, block_n=bn, block_k=bk, max_concurrent_steps=5,
+                    grid_tile_width=8, gather=gather)
+
+
+def swiglu_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmConfig:
+  """Heuristic for the up-projection (P, k) x (k, 2n) with SwiGLU (two accumulators per tile)."""
+  bk = _block_k(k)
+  if gather == "fused":
+    return GemmConfig(block_m=128, block_n=64 if n % 64 == 0 else 32, block_k=bk,
+                      max_concurrent_steps=3, grid_tile_width=8, gather=gather)
+  if n % 128 == 0:
+    return GemmConfig(block_m=128, block_n=64, block_k=bk, max_concurrent_steps=4,
+                      grid_tile_width=8, num_compute_wgs=2, gather=gather)
+  bn = 64 if n % 64 == 0 else 32 if n % 32 == 0 else 8
+  return GemmConfig(block_m=128, block_n=bn, block_k=bk, max_concurrent_steps=4,
+                    grid_tile_width=8, gather=gather)
+
+
+def combine_config(d: int) -> CombineConfig:
+  for bd in (256, 192, 128, 64, 32, 16, 8):
+    if d % bd == 0:
+      return CombineConfig(block_d=bd)
+  return CombineConfig(block_d=8)
+
+
+# ----------------------------------------------------------------------------- autotuning
+
+_CACHE_ENV = "SONIC_JAX_AUTOTUNE_CACHE"
+
+
+def _cache_path() -> str:
+  return os.environ.get(_CACHE_ENV, os.path.expanduser("~/.cache/sonic_jax/pallas_autotune.json"))
+
+
+def load_cached(key: str) -> GemmConfig | None:
+  """The cached GemmConfig for ``key`` (see ``autotune``), or None."""
+  try:
+    with open(_cache_path()) as f:
+      entry = json.load(f).get(key)
+  except (OSError, ValueError):
+    return None
+  return GemmConfig(**entry) if entry else None
+
+
+def autotune(key: str, run: Callable[[GemmConfig], object], candidates: list[GemmConfig],
+             *, measure: Callable[[Callable[[], object]], float] | None = None) -> GemmConfig:
+  """Times ``run(config)`` for each candidate on the current device; caches and returns the best.
+
+  key: a string naming the problem (kernel, shapes, device kind). ``measure`` returns seconds for
+  a thunk (default: block_until_ready wall time, median of 5 after a warm-up); candidates that
+  fail to compile (e.g. too much SMEM) are skipped.
+  """
+  cached = load_cached(key)
+  if cached is not None:
+    return cached
+  if measure is None:
+    def measure(thunk):
+      import jax
+      jax.block_until_ready(thunk())
+      ts = []
+      for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(thunk())
+        ts.append(time.perf_counter() - t0)
+      return sorted(ts)[len(ts) // 2]
+  best, best_t = None, float("inf")
+  for cfg in candidates:
+    try:
+      t = measure(lambda cfg=cfg: run(cfg))
+    except Exception:  # noqa: BLE001 - a candidate that does not compile is just skipped
+      continue
+    if t < best_t:
+      best, best_t = cfg, t
+  if best is None:
+    raise ValueError(f"autotune: no candidate config ran for {key!r}")
+  path = _cache_path()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    data = {}
+  data[key] = dataclasses.asdict(best)
+  with open(path, "w") as f:
+    json.dump(data, f, indent=1, sort_keys=True)
+  return best

@@ -1,0 +1,363 @@
+"""Varlen-M grouped GEMMs for Hopper (Mosaic GPU): out[p] = lhs[src(p)] · rhs[e(p)] per M-tile.
+
+One kernel family serves up_proj (gathered x · W1 with a SwiGLU epilogue), down_proj (A · W2) and
+dx_pairs (dH · W1ᵀ, transposed rhs). Expert groups are tiled by ``tiles.TileMetadata`` (computed in
+JAX once per call; a tile never mixes two experts and no kernel loops over all experts). Each tile
+loads a full ``block_m`` rows window (clamped to the array, so rows of a neighbouring group may be
+multiplied and dropped) and stores only its own rows with a ladder of power-of-two TMA stores, so
+rows outside the groups are never written.
+
+The row gather of lhs (x[gather_idx]) is done either by XLA before the kernel (``gather="xla"``,
+the fast path) or inside the kernel (``gather="fused"``: one 1-row TMA per gathered row into an
+untiled staging ring, then registers -> swizzled SMEM -> wgmma; see docs/pallas-forward.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from sonic_jax.pallas import tiles as tiles_lib
+from sonic_jax.pallas.configs import GemmConfig
+
+Epilogue = Literal["none", "swiglu"]
+
+_F32 = jnp.float32
+
+
+def _num_sms(config: GemmConfig, interpret: bool) -> int:
+  if config.num_sms is not None:
+    return config.num_sms
+  if interpret:
+    return 2  # the interpreter runs the grid sequentially; a few "SMs" exercise the striding
+  return jax.devices()[0].core_count
+
+
+def _interpret_params(interpret):
+  if interpret is True:
+    return plgpu.InterpretGPUParams()
+  return interpret or None
+
+
+def _ragged_store(smem, gmem, *, off, rows, dst_row, max_rows: int):
+  """Stores smem rows [off, off + rows) to gmem rows [dst_row, dst_row + rows).
+
+  TMA boxes are static, so the dynamic row count is decomposed into powers of two (one static
+  descriptor per power of two <= max_rows), each store predicated on its bit of ``rows``.
+  """
+  start = off
+  size = 1 << int(math.log2(max_rows))
+  while size >= 1:
+    @pl.when((rows & size) != 0)
+    def _():
+      plgpu.copy_smem_to_gmem(smem.at[pl.ds(start, size)],
+                              gmem.at[pl.ds(dst_row + start - off, size)])
+    start = start + (rows & size)
+    size //= 2
+
+
+def _swiglu_f32(g, u):
+  # silu(g) * u on the fp32 accumulators; exp(-g) -> inf for very negative g gives -0, not NaN.
+  return g / (1.0 + jnp.exp(-g)) * u
+
+
+def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogue: Epilogue,
+                  what: str) -> None:
+  """Raises ValueError when (k, n_out) cannot be tiled by ``config``. ``what`` names the GEMM."""
+  bn_cta = config.block_n * config.num_compute_wgs
+  if k % config.block_k:
+    raise ValueError(f"{what}: the contraction dim ({k}) must be a multiple of block_k "
+                     f"({config.block_k})")
+  if n_out % bn_cta:
+    raise ValueError(f"{what}: the output dim ({n_out}) must be a multiple of block_n * "
+                     f"num_compute_wgs ({bn_cta})")
+  del m_lhs, epilogue
+
+
+def grouped_gemm(
+    lhs: jax.Array,  # (M, k): grouped rows, or token rows when gather_idx is given
+    rhs: jax.Array,  # (E, k, N), or (E, N, k) with transpose_rhs
+    tile_md: tiles_lib.TileMetadata,
+    *,
+    num_rows: int,
+    gather_idx: jax.Array | None = None,  # (num_rows,) int32 grouped row -> lhs row
+    transpose_rhs: bool = False,
+    epilogue: Epilogue = "none",
+    inference: bool = False,
+    config: GemmConfig = GemmConfig(),
+    interpret=False,
+):
+  """Grouped GEMM over the M-tiles of ``tile_md``; returns (num_rows, N) or, for SwiGLU, (H, A).
+
+  epilogue "none": out (num_rows, N) in lhs.dtype. "swiglu": N = 2n (concat layout), returns
+  H (num_rows, 2n) (None when ``inference``) and A = silu(H_gate)·H_up (num_rows, n), both from
+  the fp32 accumulator. Rows outside the tiles are left unwritten (undefined).
+  """
+  if epilogue == "swiglu" and transpose_rhs:
+    raise ValueError("epilogue='swiglu' does not support transpose_rhs")
+  if lhs.dtype != rhs.dtype:
+    raise ValueError(f"lhs and rhs must have the same dtype, got {lhs.dtype} and {rhs.dtype}")
+  num_experts = rhs.shape[0]
+  k = lhs.shape[1]
+  n_total = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  k_rhs = rhs.shape[2] if transpose_rhs else rhs.shape[1]
+  if k_rhs != k:
+    raise ValueError(f"lhs contraction dim {k} != rhs contraction dim {k_rhs}")
+  n_out = n_total // 2 if epilogue == "swiglu" else n_total
+  validate_gemm(lhs.shape[0], k, n_out, config, epilogue=epilogue, what="grouped_gemm")
+  bm = config.block_m
+  if tile_md.block_m != bm:
+    raise ValueError(f"tile metadata block_m {tile_md.block_m} != config.block_m {bm}")
+
+  if gather_idx is not None and config.gather == "xla":
+    lhs = lhs[gather_idx]
+    gather_idx = None
+  # Every tile reads a full block_m window; keep the arrays at least that tall.
+  out_rows = max(num_rows, bm)
+  if gather_idx is None and lhs.shape[0] < bm:
+    lhs = jnp.pad(lhs, ((0, bm - lhs.shape[0]), (0, 0)))
+  if gather_idx is not None and gather_idx.shape[0] < bm:
+    gather_idx = jnp.pad(gather_idx, (0, bm - gather_idx.shape[0]))
+  m_src = lhs.shape[0] if gather_idx is None else gather_idx.shape[0]
+
+  outs = _build_kernel(
+      m_src=m_src, k=k, n_total=n_total, num_experts=num_experts, out_rows=out_rows,
+      dtype=lhs.dtype, transpose_rhs=transpose_rhs, epilogue=epilogue, inference=inference,
+      fused_gather=gather_idx is not None, config=config, interpret=interpret)(
+          tile_md.expert, tile_md.row_start, tile_md.rows,
+          jnp.reshape(tile_md.num_tiles, (1,)).astype(jnp.int32),
+          *(() if gather_idx is None else (gather_idx.astype(jnp.int32),)), lhs, rhs)
+  outs = [o if o.shape[0] == num_rows else o[:num_rows] for o in outs]
+  if epilogue == "swiglu":
+    return (None, outs[0]) if inference else (outs[0], outs[1])
+  return outs[0]
+
+
+def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_rhs, epilogue,
+                  inference, fused_gather, config: GemmConfig, interpret):
+  del num_experts
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  wgs = config.num_compute_wgs
+  bn_cta = bn * wgs
+  swiglu = epilogue == "swiglu"
+  n_out = n_total // 2 if swiglu else n_total
+  grid_n = n_out // bn_cta
+  k_steps = k // bk
+  # Output operands: plain -> [out]; swiglu -> [H, A] or [A].
+  if swiglu:
+    out_cols = [n_total, n_out] if not inference else [n_out]
+  else:
+    out_cols = [n_total]
+  out_type = [jax.ShapeDtypeStruct((out_rows, c), dtype) for c in out_cols]
+  # SMEM epilogue buffers per compute warpgroup: swiglu stores gate, up and A tiles.
+  n_epi = (3 if not inference else 1) if swiglu else 1
+  num_accs = 2 if swiglu else 1
+  max_store_rows = min(bm, out_rows)
+
+  def rhs_specs(ni_fn):
+    """BlockSpecs of the rhs operands (gate and up for SwiGLU) for column block ni."""
+    if transpose_rhs:
+      return [plgpu.BlockSpec((bn_cta, bk), lambda kk: (ni_fn(), kk), delay_release=1)]
+    specs = [plgpu.BlockSpec((bk, bn_cta), lambda kk: (kk, ni_fn()), delay_release=1)]
+    if swiglu:
+      specs.append(plgpu.BlockSpec((bk, bn_cta), lambda kk: (kk, ni_fn() + grid_n),
+                                   delay_release=1))
+    return specs
+
+  def tile_info(expert_ref, start_ref, rows_ref, mi):
+    e = expert_ref[mi]
+    row_start = start_ref[mi]
+    rows = rows_ref[mi]
+    row_load = jnp.minimum(row_start, m_src - bm)
+    return e, row_start, rows, row_load, row_start - row_load
+
+  def epilogue_store(accs, out_refs, epi_smem, *, ni, wg, row_start, rows, off):
+    """accs: fp32 values (bm, bn) of this warpgroup; writes its column slice of each output."""
+    col = ni * bn_cta + wg * bn
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's stores left epi_smem
+    if swiglu:
+      g, u = accs
+      a = _swiglu_f32(g, u)
+      if inference:
+        vals = [(a, out_refs[0], col)]
+      else:
+        vals = [(g, out_refs[0], col), (u, out_refs[0], n_out + col), (a, out_refs[1], col)]
+    else:
+      vals = [(accs[0], out_refs[0], col)]
+    for j, (v, _, _) in enumerate(vals):
+      epi_smem[j] = v.astype(dtype)
+    plgpu.commit_smem()
+    for j, (_, ref, c0) in enumerate(vals):
+      _ragged_store(epi_smem.at[j], ref.at[:, pl.ds(c0, bn)], off=off, rows=rows,
+                    dst_row=row_start, max_rows=max_store_rows)
+    plgpu.commit_smem_to_gmem_group()
+
+  def wgmma_step(accs, a_smem, b_smems, wg_slice):
+    for acc, b in zip(accs, b_smems):
+      if transpose_rhs:
+        b_op = b.at[wg_slice].T if wgs > 1 else b.T
+      else:
+        b_op = b.at[:, wg_slice] if wgs > 1 else b
+      plgpu.wgmma(acc, a_smem, b_op)
+
+  # ---------------------------------------------------------------- single warpgroup, XLA gather
+  def body_single(expert_ref, start_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
+    out_refs = rest[:len(out_cols)]
+    num_tiles = ntiles_ref[0]
+
+    @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
+    def _tile_loop(info: plgpu.NDLoopInfo):
+      mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_tile_width)
+      e, row_start, rows, row_load, off = tile_info(expert_ref, start_ref, rows_ref, mi)
+
+      def acc_scope(*acc_refs):
+        def step(_, a_smem, *b_smems):
+          wgmma_step(acc_refs, a_smem, b_smems, None)
+
+        plgpu.emit_pipeline(
+            step, grid=(k_steps,),
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
+                      *rhs_specs(lambda: ni)],
+            max_concurrent_steps=config.max_concurrent_steps,
+        )(lhs_ref.at[pl.ds(row_load, bm)], *([rhs_ref.at[e]] * (1 + (swiglu and not transpose_rhs))))
+        return tuple(a[...] for a in acc_refs)
+
+      accs = pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
+
+      @functools.partial(pl.run_scoped, epi_smem=plgpu.SMEM((n_epi, bm, bn), dtype))
+      def _store(epi_smem):
+        epilogue_store(accs, out_refs, epi_smem, ni=ni, wg=0, row_start=row_start, rows=rows,
+                       off=off)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  # ------------------------------------- warp specialized: 1 TMA warpgroup + wgs consumer groups
+  def body_ws(expert_ref, start_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
+    out_refs = rest[:len(out_cols)]
+    num_tiles = ntiles_ref[0]
+
+    def get_pipeline(body, compute_context, ni_fn):
+      return plgpu.emit_pipeline_warp_specialized(
+          body, grid=(k_steps,), memory_registers=40,
+          in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
+                    *rhs_specs(ni_fn)],
+          wg_axis="wg", num_compute_wgs=wgs,
+          max_concurrent_steps=config.max_concurrent_steps,
+          compute_context=compute_context)
+
+    ignore = lambda *_, **__: None
+    n_rhs = 1 + (swiglu and not transpose_rhs)
+    dummy_rhs = [rhs_ref.at[0]] * n_rhs
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=get_pipeline(ignore, ignore, lambda: 0).get_allocations(
+            lhs_ref.at[pl.ds(0, bm)], *dummy_rhs),
+        epi_smem=plgpu.SMEM((wgs, n_epi, bm, bn), dtype),
+        collective_axes="wg")
+    def _scope(allocs, epi_smem):
+      wg = lax.axis_index("wg")
+
+      @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
+      def _tile_loop(info: plgpu.NDLoopInfo):
+        mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1,
+                                    config.grid_tile_width)
+        e, row_start, rows, row_load, off = tile_info(expert_ref, start_ref, rows_ref, mi)
+        wg_slice = pl.ds(wg * bn, bn)
+
+        def compute_context(eval_pipeline):
+          def acc_scope(*acc_refs):
+            eval_pipeline(tuple(acc_refs))
+            accs = tuple(a[...] for a in acc_refs)
+            epilogue_store(accs, out_refs, epi_smem.at[wg], ni=ni, wg=wg, row_start=row_start,
+                           rows=rows, off=off)
+          pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
+
+        def step(_, a_smem, *rest_refs):
+          *b_smems, carry = rest_refs
+          wgmma_step(carry, a_smem, b_smems, wg_slice)
+          plgpu.wgmma_wait(0)
+          return carry
+
+        get_pipeline(step, compute_context, lambda: ni)(
+            lhs_ref.at[pl.ds(row_load, bm)], *([rhs_ref.at[e]] * n_rhs), allocations=allocs)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  # ----------------------------------------------- fused gather: per-row TMA into a staging ring
+  def body_fused(expert_ref, start_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref, *rest):
+    out_refs = rest[:len(out_cols)]
+    stage, a_tiled, b_bufs, bars = rest[len(out_cols):]
+    num_tiles = ntiles_ref[0]
+    slots = config.max_concurrent_steps
+    n_rhs = num_accs
+
+    def issue(step_k, slot, row_load, e, ni):
+      for r in range(bm):
+        row = gidx_ref[row_load + r]  # scalar loads; L1/L2 hits after the first k step
+        plgpu.copy_gmem_to_smem(lhs_ref.at[pl.ds(row, 1), pl.ds(step_k * bk, bk)],
+                                stage.at[slot, pl.ds(r, 1)], bars.at[slot])
+      for j in range(n_rhs):
+        c0 = (ni + j * grid_n) * bn
+        plgpu.copy_gmem_to_smem(rhs_ref.at[e, pl.ds(step_k * bk, bk), pl.ds(c0, bn)],
+                                b_bufs.at[slot, j], bars.at[slot])
+
+    @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
+    def _tile_loop(info: plgpu.NDLoopInfo):
+      mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_tile_width)
+      e, row_start, rows, row_load, off = tile_info(expert_ref, start_ref, rows_ref, mi)
+      for s in range(min(slots - 1, k_steps)):
+        issue(s, s, row_load, e, ni)
+
+      def acc_scope(*acc_refs):
+        def k_body(kk, _):
+          slot = lax.rem(kk, slots)
+          plgpu.barrier_wait(bars.at[slot])
+          a_tiled[...] = plgpu.load(stage.at[slot], layout=plgpu.Layout.WGMMA, optimized=False)
+          plgpu.commit_smem()
+          for acc, j in zip(acc_refs, range(n_rhs)):
+            plgpu.wgmma(acc, a_tiled, b_bufs.at[slot, j])
+          plgpu.wgmma_wait(0)
+          nxt = kk + slots - 1
+
+          @pl.when(nxt < k_steps)
+          def _():
+            issue(nxt, lax.rem(nxt, slots), row_load, e, ni)
+          return ()
+
+        lax.fori_loop(0, k_steps, k_body, ())
+        return tuple(a[...] for a in acc_refs)
+
+      accs = pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
+
+      @functools.partial(pl.run_scoped, epi_smem=plgpu.SMEM((n_epi, bm, bn), dtype))
+      def _store(epi_smem):
+        epilogue_store(accs, out_refs, epi_smem, ni=ni, wg=0, row_start=row_start, rows=rows,
+                       off=off)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+  common = dict(out_type=out_type, grid=(_num_sms(config, bool(interpret)),), grid_names=("sm",),
+                compiler_params=params, interpret=_interpret_params(interpret))
+  if fused_gather:
+    if wgs != 1:
+      raise ValueError("gather='fused' supports num_compute_wgs=1 only")
+    slots = config.max_concurrent_steps
+    scratch = [
+        plgpu.SMEM((slots, bm, bk), dtype),  # untiled: 1-row TMA destinations
+        plgpu.SMEM((bm, bk), dtype),  # wgmma-ready A tile
+        plgpu.SMEM((slots, num_accs, bk, bn), dtype),
+        plgpu.Barrier(num_arrivals=bm + num_accs, num_barriers=slots),
+    ]
+    return plgpu.kernel(body_fused, scratch_types=scratch, **common)
+  if wgs == 1:
+    return plgpu.kernel(body_single, **common)
+  return plgpu.kernel(body_ws, num_threads=wgs + 1, thread_name="wg", **common)
