@@ -1,0 +1,5 @@
+import sys
+
+from sonic_jax.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,127 @@
+"""``python -m sonic_jax.bench``: time every backend and baseline on MoE layer configs.
+
+Examples:
+  python -m sonic_jax.bench                                   # GPU: paper configs + presets
+  python -m sonic_jax.bench --configs tiny --backends xla     # CPU smoke run
+  python -m sonic_jax.bench --configs 16384,2048,1024,64,8 --routing tr --dist zipf
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import sys
+
+from sonic_jax.bench.configs import GROUPS, parse_configs
+from sonic_jax.bench.impls import BASELINES
+from sonic_jax.bench.problems import RoutingSpec
+from sonic_jax.bench.report import terminal_table, write_outputs
+from sonic_jax.bench.runner import MODES, Options, Runner
+from sonic_jax.bench.timing import device_label, on_gpu
+
+
+def _csv(s: str) -> list[str]:
+  return [t.strip() for t in s.split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(
+      prog="python -m sonic_jax.bench", description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--configs", nargs="+", default=None,
+                  help=f"groups ({', '.join(GROUPS)}), config names or T,d,n,E,K "
+                       "(default: 'all' on a GPU, 'tiny' elsewhere)")
+  ap.add_argument("--backends", default="auto",
+                  help="comma list of xla, pallas, ffi, pallas-interpret, or 'auto' = "
+                       "sonic_jax.available_backends() (default), or 'none'")
+  ap.add_argument("--baselines", default="all",
+                  help=f"comma list of {', '.join(BASELINES)}, or 'all' (default) or 'none'")
+  ap.add_argument("--routing", choices=("topk", "tr"), default="topk",
+                  help="top-K routing or tile-aware token rounding")
+  ap.add_argument("--tile", type=int, default=128, help="token-rounding tile (default 128)")
+  ap.add_argument("--rounding", choices=("nearest", "up", "down"), default="nearest")
+  ap.add_argument("--dist", choices=("uniform", "zipf"), default="uniform",
+                  help="router logit distribution: uniform, or zipf (deterministic bias "
+                       "-s·log(1+e))")
+  ap.add_argument("--zipf-s", type=float, default=1.2, help="Zipf exponent s (default 1.2)")
+  ap.add_argument("--modes", default=",".join(MODES), help="comma list of fwd, bwd, fwdbwd")
+  ap.add_argument("--warmup", type=int, default=3)
+  ap.add_argument("--iters", type=int, default=10)
+  ap.add_argument("--bwd-direct", action="store_true",
+                  help="time the backward alone (default: (fwd+bwd) - fwd, like the paper)")
+  ap.add_argument("--no-check", action="store_true", help="skip the checks against xla")
+  ap.add_argument("--check-budget-gib", type=float, default=2.0,
+                  help="GPU memory the xla reference may densify into for the check")
+  ap.add_argument("--check-tol", type=float, default=3e-2)
+  ap.add_argument("--dense-ref-budget-gib", type=float, default=8.0,
+                  help="largest densified temporary for timing xla / lax.ragged_dot on a GPU")
+  ap.add_argument("--time-budget-s", type=float, default=None,
+                  help="stop starting new measurements after this many seconds")
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+  ap.add_argument("--name", default="bench", help="file name prefix (default 'bench')")
+  ap.add_argument("--tag", default="", help="extra suffix for the file names")
+  ap.add_argument("--no-plots", action="store_true")
+  ap.add_argument("--quiet", action="store_true", help="no progress lines")
+  return ap
+
+
+def resolve_impls(backends: str, baselines: str) -> list[str]:
+  from sonic_jax.bench.impls import available_backend_names
+  if backends == "auto":
+    names = list(available_backend_names())
+  elif backends == "none":
+    names = []
+  else:
+    names = _csv(backends)
+  if baselines == "all":
+    names += list(BASELINES)
+  elif baselines != "none":
+    names += _csv(baselines)
+  if not names:
+    raise ValueError("nothing to run: --backends and --baselines are both empty")
+  return list(dict.fromkeys(names))
+
+
+def output_stem(out_dir: str, name: str, spec: RoutingSpec, tag: str = "") -> str:
+  date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+  stem = f"{name}-{device_label()}-{date}"
+  if spec.label != "topk":
+    stem += f"-{spec.label}"
+  if tag:
+    stem += f"-{tag}"
+  return os.path.join(out_dir, stem)
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = build_parser()
+  args = ap.parse_args(argv)
+  try:
+    configs = parse_configs(args.configs or (["all"] if on_gpu() else ["tiny"]))
+    spec = RoutingSpec(method=args.routing, dist=args.dist, zipf_s=args.zipf_s,
+                       tile=args.tile, rounding_mode=args.rounding)
+    opts = Options(warmup=args.warmup, iters=args.iters, modes=tuple(_csv(args.modes)),
+                   bwd_direct=args.bwd_direct, check=not args.no_check,
+                   check_budget_gib=args.check_budget_gib, check_tol=args.check_tol,
+                   dense_ref_budget_gib=args.dense_ref_budget_gib,
+                   time_budget_s=args.time_budget_s, seed=args.seed)
+    impls = resolve_impls(args.backends, args.baselines)
+  except ValueError as e:
+    ap.error(str(e))
+  stem = output_stem(args.out_dir, args.name, spec, args.tag)
+  command = "python -m sonic_jax.bench " + " ".join(
+      shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+  progress = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+  progress(f"sonic_jax.bench: {len(configs)} configs x {len(impls)} implementations "
+           f"({', '.join(impls)}), routing {spec.label}, results -> {stem}.*")
+  runner = Runner(configs, impls, spec, opts, json_path=stem + ".json", progress=progress,
+                  command=command)
+  doc = runner.run()
+  print()
+  print(terminal_table(doc))
+  print()
+  for p in write_outputs(doc, stem, make_plots=not args.no_plots):
+    print("wrote", p)
+  return 0

@@ -1,0 +1,393 @@
+"""Runs implementations over configs and collects one result row per (config, implementation).
+
+Work is done in passes so a time budget cuts the least important part: (1) sonic_jax backends
+and the dense ceiling on every config, (2) correctness checks against the xla backend at a small
+T, (3) JAX baselines, (4) the PyTorch SonicMoE. Every failure is caught and recorded in its row;
+the JSON file is rewritten after every step, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sonic_jax.bench.configs import BenchConfig, flops
+from sonic_jax.bench.impls import Impl, dense_ref_bytes, make_impl
+from sonic_jax.bench.problems import RoutingSpec, make_problem, routing_stats, sonic_layer
+from sonic_jax.bench.timing import (compile_fn, device_label, memory_stats, on_gpu,
+                                    time_compiled)
+
+MODES = ("fwd", "bwd", "fwdbwd")
+
+
+@dataclasses.dataclass
+class Options:
+  warmup: int = 3
+  iters: int = 10
+  modes: tuple[str, ...] = MODES
+  bwd_direct: bool = False       # time the backward alone (else (fwd+bwd) - fwd, as the paper)
+  check: bool = True
+  check_budget_gib: float = 2.0  # xla reference temporary allowed for the check (GPU)
+  check_max_tokens: int = 4096
+  check_tol: float = 3e-2        # relative error bound, bf16 operands
+  dense_ref_budget_gib: float = 8.0
+  time_budget_s: float | None = None
+  seed: int = 0
+
+  def __post_init__(self):
+    bad = [m for m in self.modes if m not in MODES]
+    if bad or not self.modes:
+      raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
+    if self.iters < 1 or self.warmup < 0:
+      raise ValueError(f"iters must be >= 1 and warmup >= 0, got {self.iters}, {self.warmup}")
+
+
+def versions() -> dict:
+  out = {"python": platform.python_version(), "jax": jax.__version__}
+  try:
+    import jaxlib
+    out["jaxlib"] = jaxlib.__version__
+  except Exception:  # noqa: BLE001
+    pass
+  import sonic_jax
+  out["sonic_jax"] = getattr(sonic_jax, "__version__", "?")
+  for mod in ("tokamax", "torch", "sonicmoe", "quack"):
+    m = sys.modules.get(mod)
+    if m is not None:
+      out[mod] = getattr(m, "__version__", "?")
+  return out
+
+
+def _git_commit() -> str | None:
+  try:
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
+                          capture_output=True, timeout=5).stdout.strip() or None
+  except Exception:  # noqa: BLE001
+    return None
+
+
+def _short_error(e: BaseException) -> str:
+  msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ")
+  return msg[:300]
+
+
+def saved_residual_bytes(layer, args) -> tuple[int | None, list]:
+  """Bytes jax.vjp keeps for the backward, not counting the layer's own inputs."""
+  try:
+    from jax._src.ad_checkpoint import saved_residuals
+  except ImportError:
+    return None, []
+  res = saved_residuals(layer, *args)
+  total, items = 0, []
+  for aval, desc in res:
+    if desc.startswith("from the argument"):
+      continue
+    nbytes = int(np.prod(aval.shape)) * jnp.dtype(aval.dtype).itemsize
+    total += nbytes
+    items.append((nbytes, f"{aval.str_short(short_dtypes=True)}"))
+  items.sort(reverse=True)
+  return total, [s for _, s in items[:4]]
+
+
+def _rel_err(a, b) -> float:
+  a = np.asarray(jax.device_get(a), np.float32)
+  b = np.asarray(jax.device_get(b), np.float32)
+  if not (np.all(np.isfinite(a))):
+    return float("nan")
+  denom = float(np.linalg.norm(b))
+  return float(np.linalg.norm(a - b) / denom) if denom else float(np.linalg.norm(a - b))
+
+
+def check_tokens(cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> int:
+  """Largest T (multiple of 16, at least 16) where the xla reference's temporary fits."""
+  t = min(cfg.T, opts.check_max_tokens)
+  if on_gpu():
+    while t > 16 and dense_ref_bytes(cfg.scaled(t), spec) > opts.check_budget_gib * 2**30:
+      t //= 2
+  return max(16, t - t % 16) if t >= 16 else t
+
+
+def _value_and_grads(layer):
+  def f(*args):
+    *a, g = args
+    out, vjp_fn = jax.vjp(layer, *a)
+    return out, vjp_fn(g)
+  return f
+
+
+def check_against_xla(impl: Impl, cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> dict:
+  t = check_tokens(cfg, spec, opts)
+  small = cfg.scaled(t, f"@T{t}")
+  p = make_problem(small, seed=opts.seed + 1)
+  layer, args = impl.prepare(p, spec)
+  ref_layer = sonic_layer("xla", small, spec)
+  out, grads = jax.jit(_value_and_grads(layer))(*args, p.dout)
+  rout, rgrads = jax.jit(_value_and_grads(ref_layer))(*p.args, p.dout)
+  errs = {"out": _rel_err(out, rout)}
+  for name, g, r in zip(("dx", "drouter_w", "dw1", "dw2"), grads, rgrads):
+    errs[name] = _rel_err(g, r)
+  worst = max(errs.values(), key=lambda v: np.inf if np.isnan(v) else v)
+  ok = bool(all(np.isfinite(v) and v <= opts.check_tol for v in errs.values()))
+  return {"T": t, "ok": ok, "max_rel_err": worst, "errs": errs, "tol": opts.check_tol}
+
+
+class Runner:
+  def __init__(self, configs: list[BenchConfig], impl_names: list[str], spec: RoutingSpec,
+               opts: Options, json_path: str | None = None,
+               progress: Callable[[str], None] = print, command: str | None = None):
+    self.configs, self.spec, self.opts = configs, spec, opts
+    self.impls = [make_impl(n) for n in impl_names]
+    self.json_path = json_path
+    self.progress = progress
+    self.start = time.perf_counter()
+    self.rows: dict[tuple[str, str], dict] = {}
+    dev = jax.devices()[0]
+    self.doc = {
+        "meta": {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": device_label(), "device_kind": dev.device_kind, "platform": dev.platform,
+            "versions": versions(), "git_commit": _git_commit(),
+            "command": command or " ".join(sys.argv), "routing": spec.label,
+            "routing_spec": dataclasses.asdict(spec), "options": dataclasses.asdict(opts),
+            "flops": "paper count: fwd 6, bwd 12, fwd+bwd 18 x pairs x d x n",
+            "timing": ("GPU: CUPTI sum of kernel times per call (median); torch: CUDA events; "
+                       "CPU: wall clock"),
+            "complete": False,
+        },
+        "results": [],
+    }
+    for cfg in configs:
+      for impl in self.impls:
+        row = {"config": cfg.name, "T": cfg.T, "d": cfg.d, "n": cfg.n, "E": cfg.E, "K": cfg.K,
+               "routing": spec.label, "impl": impl.name, "kind": impl.kind,
+               "status": "pending", "reason": None, "modes": {},
+               "paper_tflops": list(cfg.paper_tflops) if cfg.paper_tflops else None}
+        self.rows[(cfg.name, impl.name)] = row
+        self.doc["results"].append(row)
+    self.total_jobs = len(self.rows) + (len(self.rows) if opts.check else 0)
+    self.jobs_done = 0
+
+  # ---------------------------------------------------------------- bookkeeping
+
+  def elapsed(self) -> float:
+    return time.perf_counter() - self.start
+
+  def over_budget(self) -> bool:
+    return self.opts.time_budget_s is not None and self.elapsed() > self.opts.time_budget_s
+
+  def save(self):
+    if not self.json_path:
+      return
+    os.makedirs(os.path.dirname(os.path.abspath(self.json_path)), exist_ok=True)
+    tmp = self.json_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(self.doc, f, indent=1, default=_json_default)
+    os.replace(tmp, self.json_path)
+
+  def say(self, msg: str):
+    self.progress(f"[{self.jobs_done:3d}/{self.total_jobs} {self.elapsed():6.0f}s] {msg}")
+
+  # ---------------------------------------------------------------- passes
+
+  def run(self) -> dict:
+    primary = [i for i in self.impls if i.kind in ("backend", "ceiling")]
+    jax_baselines = [i for i in self.impls if i.kind == "baseline" and i.name != "sonicmoe-torch"]
+    torch_baselines = [i for i in self.impls if i.name == "sonicmoe-torch"]
+    self._pass(primary, self._measure_jax)
+    if self.opts.check:
+      self._pass([i for i in primary if i.checkable], self._check)
+    self._pass(jax_baselines, self._measure_jax)
+    if self.opts.check:
+      self._pass([i for i in jax_baselines if i.checkable], self._check)
+    self._pass(torch_baselines, self._measure_torch)
+    for row in self.doc["results"]:
+      if row["status"] == "pending":
+        row["status"], row["reason"] = "skipped", "skipped: time budget"
+      if self.opts.check and "check" not in row:
+        row["check"] = None
+    self.doc["meta"]["complete"] = True
+    self.doc["meta"]["elapsed_s"] = round(self.elapsed(), 1)
+    self.doc["meta"]["versions"] = versions()
+    self.save()
+    return self.doc
+
+  def _pass(self, impls: list[Impl], fn):
+    for cfg in self.configs:
+      todo = []
+      for impl in impls:
+        row = self.rows[(cfg.name, impl.name)]
+        reason = impl.skip_reason(cfg, self.spec, self.opts)
+        if reason:
+          row["status"], row["reason"] = "skipped", reason
+          continue
+        if fn is self._check and row["status"] not in ("ok", "partial", "failed"):
+          continue
+        todo.append(impl)
+      if not todo:
+        continue
+      for impl in todo:
+        row = self.rows[(cfg.name, impl.name)]
+        if self.over_budget():
+          if fn is self._check:
+            row["check"] = {"ok": None, "reason": "skipped: time budget"}
+          elif row["status"] == "pending":
+            row["status"], row["reason"] = "skipped", "skipped: time budget"
+          continue
+        try:
+          fn(impl, cfg, row)
+        except Exception as e:  # noqa: BLE001 - every failure is a table entry, never a crash
+          err = _short_error(e)
+          if fn is self._check:
+            row["check"] = {"ok": False, "reason": f"failed: {err}"}
+          else:
+            row["status"] = "partial" if row["modes"] else "failed"
+            row["reason"] = f"failed: {err}"
+            row["traceback"] = traceback.format_exc()[-2000:]
+          self.say(f"{cfg.name} {impl.name}: {err}")
+        finally:
+          self.jobs_done += 1
+          gc.collect()
+          self.save()
+
+  # ---------------------------------------------------------------- measurements
+
+  def _measure_jax(self, impl: Impl, cfg: BenchConfig, row: dict):
+    opts = self.opts
+    problem = make_problem(cfg, seed=opts.seed)
+    stats = routing_stats(problem, self.spec)
+    row.update({k: stats[k] for k in ("pairs", "imbalance", "max_load", "empty_experts")})
+    pairs = stats["pairs"] if impl.counts_routed_pairs else cfg.T * cfg.K
+    row["flop_pairs"] = pairs
+    layer, args = impl.prepare(problem, self.spec)
+    g = problem.dout if impl.kind != "ceiling" else None
+    try:
+      row["saved_act_bytes"], row["saved_top"] = saved_residual_bytes(layer, args)
+    except Exception as e:  # noqa: BLE001
+      row["saved_act_bytes"], row["saved_note"] = None, _short_error(e)
+
+    def fwd_train(*a):
+      return jax.vjp(layer, *a)
+
+    def fwdbwd(*a):
+      *xs, gg = a
+      return jax.vjp(layer, *xs)[1](gg)
+
+    if g is None:  # dense ceiling: cotangent of the (T·K, d) output
+      g = jax.jit(lambda: (0.2 * jax.random.normal(jax.random.key(2), (pairs, cfg.d),
+                                                    jnp.float32)).astype(problem.x.dtype))()
+    modes = opts.modes
+    want_fwd = "fwd" in modes or ("bwd" in modes and not opts.bwd_direct)
+    want_fwdbwd = "fwdbwd" in modes or ("bwd" in modes and not opts.bwd_direct)
+    results = row["modes"]
+    fwd_res = None
+    if want_fwd:
+      c = compile_fn(fwd_train, args)
+      t0 = time.perf_counter()
+      fwd_res = jax.block_until_ready(c.fn(*args))
+      first = c.compile_s + time.perf_counter() - t0
+      if not opts.bwd_direct:
+        fwd_res = None
+      tm = time_compiled(c, args, warmup=opts.warmup, iters=opts.iters)
+      results["fwd"] = self._mode_entry("fwd", tm, c, first, pairs, cfg)
+      self._say_mode(cfg, impl, "fwd", results["fwd"])
+    if "bwd" in modes and opts.bwd_direct:
+      fwd_res = jax.jit(fwd_train)(*args)
+      vjp_fn = fwd_res[1]
+      del fwd_res
+      bargs = (vjp_fn, g)
+      c = compile_fn(lambda f, gg: f(gg), bargs)
+      t0 = time.perf_counter()
+      jax.block_until_ready(c.fn(*bargs))
+      first = c.compile_s + time.perf_counter() - t0
+      tm = time_compiled(c, bargs, warmup=opts.warmup, iters=opts.iters)
+      results["bwd"] = self._mode_entry("bwd", tm, c, first, pairs, cfg)
+      results["bwd"]["method"] = "direct"
+      del vjp_fn, bargs
+      self._say_mode(cfg, impl, "bwd", results["bwd"])
+    if want_fwdbwd:
+      fargs = (*args, g)
+      c = compile_fn(fwdbwd, fargs)
+      t0 = time.perf_counter()
+      jax.block_until_ready(c.fn(*fargs))
+      first = c.compile_s + time.perf_counter() - t0
+      tm = time_compiled(c, fargs, warmup=opts.warmup, iters=opts.iters)
+      results["fwdbwd"] = self._mode_entry("fwdbwd", tm, c, first, pairs, cfg)
+      self._say_mode(cfg, impl, "fwd+bwd", results["fwdbwd"])
+    if "bwd" in modes and not opts.bwd_direct:
+      f, fb = results["fwd"], results["fwdbwd"]
+      ms = fb["ms"] - f["ms"]
+      results["bwd"] = {"ms": ms, "tflops": flops("bwd", pairs, cfg.d, cfg.n) / ms / 1e9
+                        if ms > 0 else None, "timer": fb["timer"],
+                        "method": "(fwd+bwd) - fwd"}
+    if "fwd" not in modes:
+      results.pop("fwd", None)
+    if "fwdbwd" not in modes:
+      results.pop("fwdbwd", None)
+    row["process_peak_bytes"] = (memory_stats() or {}).get("peak_bytes_in_use")
+    row["status"], row["reason"] = "ok", None
+
+  def _mode_entry(self, mode, tm, c, first, pairs, cfg) -> dict:
+    return {"ms": tm.median_ms, "tflops": flops(mode, pairs, cfg.d, cfg.n) / tm.median_ms / 1e9,
+            "timer": tm.timer, "wall_ms": tm.wall_median_ms, "compile_s": c.compile_s,
+            "first_call_s": first, "samples_ms": [round(s, 5) for s in tm.samples_ms],
+            "footprint_bytes": (c.memory or {}).get("footprint_bytes"),
+            "temp_bytes": (c.memory or {}).get("temp_size_in_bytes"),
+            **({"timer_note": tm.note} if tm.note else {})}
+
+  def _say_mode(self, cfg, impl, label, e):
+    self.say(f"{cfg.name:<22} {impl.name:<16} {label:<8} {e['ms']:9.3f} ms "
+             f"{e['tflops']:7.1f} TF/s  (compile {e['compile_s']:.1f} s, {e['timer']})")
+
+  def _check(self, impl: Impl, cfg: BenchConfig, row: dict):
+    if impl.name == "xla":
+      row["check"] = {"ok": True, "reason": "reference"}
+      return
+    row["check"] = res = check_against_xla(impl, cfg, self.spec, self.opts)
+    self.say(f"{cfg.name:<22} {impl.name:<16} check at T={res['T']}: max rel err "
+             f"{res['max_rel_err']:.2e} {'ok' if res['ok'] else 'FAIL'}")
+
+  def _measure_torch(self, impl, cfg: BenchConfig, row: dict):
+    opts = self.opts
+    res = impl.measure(cfg, opts.modes, opts.warmup, opts.iters)
+    pairs = cfg.T * cfg.K
+    row["flop_pairs"] = pairs
+    results = row["modes"]
+    for mode in ("fwd", "fwdbwd"):
+      if mode in res:
+        ms = res[mode]["ms"]
+        results[mode] = {"ms": ms, "tflops": flops(mode, pairs, cfg.d, cfg.n) / ms / 1e9,
+                         "timer": res["timer"], "first_call_s": res[mode]["first_call_s"],
+                         "samples_ms": [round(s, 5) for s in res[mode]["samples_ms"]]}
+        self._say_mode(cfg, impl, mode, {**results[mode], "compile_s": res[mode]["first_call_s"]})
+    if "fwd" in results and "fwdbwd" in results and "bwd" in opts.modes:
+      ms = results["fwdbwd"]["ms"] - results["fwd"]["ms"]
+      results["bwd"] = {"ms": ms, "tflops": flops("bwd", pairs, cfg.d, cfg.n) / ms / 1e9
+                        if ms > 0 else None, "timer": res["timer"], "method": "(fwd+bwd) - fwd"}
+    for mode in ("fwd", "fwdbwd"):
+      if mode not in opts.modes:
+        results.pop(mode, None)
+    row["torch_peak_extra_bytes"] = res.get("peak_extra_bytes")
+    row["torch_autotuning"] = res.get("autotuning")
+    row["status"], row["reason"] = "ok", None
+
+
+def _json_default(o):
+  if isinstance(o, (np.integer,)):
+    return int(o)
+  if isinstance(o, (np.floating,)):
+    return float(o)
+  return str(o)

@@ -1,0 +1,126 @@
+"""Timing and memory measurement of compiled JAX functions.
+
+On a GPU the time is the sum of the kernel durations of one call, read by CUPTI through
+``jax.experimental.mosaic.gpu.profiler.measure`` (host launch gaps excluded), median over the
+iterations after a warm-up. Elsewhere, or when CUPTI is unavailable, it is the host wall clock
+around ``block_until_ready`` (median), and results say so (``timer``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+
+_CUPTI_BROKEN: list[str] = []  # set once CUPTI failed, so later calls go straight to wall
+
+
+@dataclasses.dataclass
+class Compiled:
+  fn: Any                 # jax.stages.Compiled
+  compile_s: float        # trace + lower + compile
+  memory: dict | None     # from memory_analysis(), bytes
+
+
+@dataclasses.dataclass
+class Timing:
+  median_ms: float
+  timer: str              # "cupti" or "wall"
+  samples_ms: list[float]
+  wall_median_ms: float | None = None
+  note: str | None = None
+
+
+def on_gpu() -> bool:
+  try:
+    return jax.devices()[0].platform == "gpu"
+  except RuntimeError:
+    return False
+
+
+def device_label() -> str:
+  """Short device name for file names: 'h200', 'h100', 'cpu', ..."""
+  dev = jax.devices()[0]
+  if dev.platform != "gpu":
+    return dev.platform
+  kind = dev.device_kind.lower().replace("nvidia", "").strip()
+  return kind.split()[0].replace("/", "-") if kind else "gpu"
+
+
+def compile_fn(fn: Callable, args: tuple) -> Compiled:
+  """jit + lower + compile ``fn`` for ``args``; records the time and the memory analysis."""
+  t0 = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  compile_s = time.perf_counter() - t0
+  memory = None
+  try:
+    ma = compiled.memory_analysis()
+    if ma is not None:
+      memory = {k: int(getattr(ma, k)) for k in (
+          "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+          "alias_size_in_bytes") if hasattr(ma, k)}
+      memory["footprint_bytes"] = (
+          memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
+          + memory.get("temp_size_in_bytes", 0) - memory.get("alias_size_in_bytes", 0))
+  except Exception:  # noqa: BLE001 - memory analysis is optional on some platforms
+    memory = None
+  return Compiled(compiled, compile_s, memory)
+
+
+def _wall_samples(fn, args, iters: int) -> list[float]:
+  out = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    out.append((time.perf_counter() - t0) * 1e3)
+  return out
+
+
+def _cupti_samples(fn, args, iters: int, out_bytes: int, max_live_bytes: int) -> list[float]:
+  from jax.experimental.mosaic.gpu import profiler
+  # measure() keeps every iteration's outputs alive until the end: bound how many at a time.
+  per_call = max(1, min(iters, max_live_bytes // max(out_bytes, 1)))
+  samples: list[float] = []
+  while len(samples) < iters:
+    k = min(per_call, iters - len(samples))
+    result, t = profiler.measure(fn, iterations=k)(*args)
+    del result
+    if t is None:
+      raise RuntimeError("CUPTI saw no kernel launches")
+    samples += [float(v) for v in (t if isinstance(t, list) else [t])]
+  return samples
+
+
+def time_compiled(c: Compiled, args: tuple, *, warmup: int, iters: int, wall_too: bool = True,
+                  max_live_bytes: int = 8 << 30) -> Timing:
+  """Median time of ``c.fn(*args)`` after ``warmup`` calls (CUPTI on a GPU, else wall)."""
+  fn = c.fn
+  for _ in range(max(warmup, 1)):
+    jax.block_until_ready(fn(*args))
+  out_bytes = (c.memory or {}).get("output_size_in_bytes", 0)
+  note = None
+  if on_gpu() and not _CUPTI_BROKEN:
+    try:
+      samples = _cupti_samples(fn, args, iters, out_bytes, max_live_bytes)
+      wall = statistics.median(_wall_samples(fn, args, iters)) if wall_too else None
+      return Timing(statistics.median(samples), "cupti", samples, wall)
+    except Exception as e:  # noqa: BLE001 - fall back to wall-clock timing, say why
+      _CUPTI_BROKEN.append(f"{type(e).__name__}: {e}"[:200])
+      note = f"CUPTI unavailable ({_CUPTI_BROKEN[0]}); wall clock"
+  samples = _wall_samples(fn, args, iters)
+  med = statistics.median(samples)
+  return Timing(med, "wall", samples, med, note)
+
+
+def memory_stats() -> dict | None:
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # noqa: BLE001
+    return None
+  if not stats:
+    return None
+  return {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")
+          if k in stats}
