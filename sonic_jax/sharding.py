@@ -47,6 +47,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sonic_jax.backends import validate_backend_name
@@ -352,6 +353,82 @@ def _expert_parallel(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Arr
   return out.astype(x.dtype)
 
 
+class ShardedMoE(nnx.Module):
+  """Runs a ``sonic_jax.nn.MoE`` layer through ``sharded_moe`` on a mesh (Flax NNX).
+
+  Wraps (and shares the parameters of) an existing module, so a model built with ``nn.MoE``
+  layers is sharded by replacing each layer: ``block.moe = ShardedMoE(block.moe, sharding)``.
+  Same call signature and semantics as ``nn.MoE`` (dtype, eval-mode top-K fallback, sown or
+  returned aux loss); the aux loss is the global one over all T tokens. Parameters live at
+  ``<path>.moe.router / w1 / w2`` and should be placed with ``sharding.param_shardings()``
+  (``place_params`` does it), though jit reshards them otherwise.
+  """
+
+  def __init__(self, moe, sharding: MoESharding):
+    for attr in ("router", "w1", "w2", "top_k", "renormalize", "routing", "backend", "dtype",
+                 "aux_loss_coef", "eval_topk"):
+      if not hasattr(moe, attr):
+        raise ValueError(f"moe must be a sonic_jax.nn.MoE (missing attribute {attr!r}), got "
+                         f"{type(moe).__name__}")
+    if not isinstance(sharding, MoESharding):
+      raise ValueError(f"sharding must be a MoESharding, got {type(sharding).__name__}")
+    self.moe = moe
+    self.sharding = sharding
+
+  def __call__(self, x: jax.Array, *, return_aux_loss: bool = False):
+    m = self.moe
+    d = m.router.shape[0]
+    if x.shape[-1] != d:
+      raise ValueError(f"x must have last dimension d_model = {d}, got {x.shape}")
+    lead = x.shape[:-1]
+    eval_mode = m.eval_topk and getattr(m, "deterministic", False)
+    out, aux = sharded_moe(
+        x.reshape(-1, d).astype(m.dtype), m.router[...].astype(m.dtype),
+        m.w1[...].astype(m.dtype), m.w2[...].astype(m.dtype), sharding=self.sharding,
+        top_k=m.top_k, renormalize=m.renormalize, routing="topk" if eval_mode else m.routing,
+        backend=m.backend, return_aux_loss=True)
+    out = out.reshape(*lead, d)
+    aux = m.aux_loss_coef * aux
+    if return_aux_loss:
+      return out, aux
+    if m.aux_loss_coef > 0:
+      m.sow(nnx.Intermediate, "aux_loss", aux)
+    return out
+
+
+def shard_moe_layers(model: nnx.Module, sharding: MoESharding) -> int:
+  """Replaces every ``sonic_jax.nn.MoE`` attribute inside ``model`` by a ``ShardedMoE``.
+
+  Returns the number of layers replaced (in place; parameters are shared, not copied).
+  """
+  from sonic_jax.nn import MoE
+  count = 0
+  for _, module in list(nnx.iter_graph(model)):
+    if not isinstance(module, nnx.Module) or isinstance(module, ShardedMoE):
+      continue
+    for name, value in list(vars(module).items()):
+      if isinstance(value, MoE):
+        setattr(module, name, ShardedMoE(value, sharding))
+        count += 1
+  return count
+
+
+def place_params(model: nnx.Module, sharding: MoESharding) -> None:
+  """Puts every MoE parameter (router / w1 / w2 of ``nn.MoE``) on the mesh with its spec from
+  ``sharding.param_specs()`` and replicates all other parameters, in place."""
+  specs = sharding.param_specs()
+  state = nnx.state(model, nnx.Param)
+
+  def place(key_path, value):
+    path = [str(getattr(k, "key", getattr(k, "name", k))) for k in key_path]
+    if path and path[-1] == "value":  # Variable leaf
+      path = path[:-1]
+    spec = specs.get(path[-1]) if len(path) > 1 and path[-2] == "moe" else None
+    return jax.device_put(value, NamedSharding(sharding.mesh, spec if spec is not None else P()))
+
+  nnx.update(model, jax.tree_util.tree_map_with_path(place, state))
+
+
 def moe_reference_per_shard(x, router_w, w1, w2, *, num_shards: int, **moe_kw) -> jax.Array:
   """Unsharded ``sonic_jax.moe`` applied to each of ``num_shards`` contiguous token blocks.
 
@@ -362,4 +439,5 @@ def moe_reference_per_shard(x, router_w, w1, w2, *, num_shards: int, **moe_kw) -
   return jnp.concatenate([moe(c, router_w, w1, w2, **moe_kw) for c in chunks], axis=0)
 
 
-__all__ = ["MoESharding", "expert_parallel_capacity", "moe_reference_per_shard", "sharded_moe"]
+__all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "moe_reference_per_shard",
+           "place_params", "shard_moe_layers", "sharded_moe"]

@@ -1,0 +1,143 @@
+"""Train the example MoE LM (examples/lm.py) on a device mesh: data + expert (+ FSDP) parallel.
+
+    python examples/train_sharded.py --cpu-devices 8 --steps 20            # fake CPU devices
+    python examples/train_sharded.py --data 2 --expert 4 --fsdp 1          # 8 real GPUs
+    python examples/train_sharded.py --cpu-devices 8 --fsdp 2 --expert 2 --routing token_rounding
+
+pjit style: one ``jax.jit`` (``nnx.jit``) train step; the batch is a NamedSharding over the token
+axes, the MoE parameters are NamedShardings from ``MoESharding.param_specs()`` (experts split
+over the expert axis, embed dim over the fsdp axis), other parameters are replicated and XLA
+partitions the attention layers from the batch sharding. Each MoE layer runs through
+``sonic_jax.sharding.sharded_moe`` (shard_map around the kernel custom_vjp, all_to_all
+token exchange). Prints loss and tokens/s (steady state, compile excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--cpu-devices", type=int, default=0,
+                 help="run on this many fake host CPU devices (sets XLA_FLAGS; 0 = real devices)")
+  p.add_argument("--data", type=int, default=0, help="data axis size (0: devices / (fsdp·expert))")
+  p.add_argument("--fsdp", type=int, default=1, help="fsdp axis size")
+  p.add_argument("--expert", type=int, default=0,
+                 help="expert axis size (0: largest divisor of both the devices and --experts)")
+  p.add_argument("--capacity-factor", type=float, default=None,
+                 help="expert-parallel buffer size factor (default: dropless)")
+  p.add_argument("--steps", type=int, default=50)
+  p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+  p.add_argument("--seq-len", type=int, default=128)
+  p.add_argument("--d-model", type=int, default=128)
+  p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--experts", type=int, default=8)
+  p.add_argument("--top-k", type=int, default=2)
+  p.add_argument("--d-ff", type=int, default=128)
+  p.add_argument("--routing", default="topk", choices=["topk", "token_rounding"])
+  p.add_argument("--backend", default="auto", choices=["auto", "xla", "pallas", "ffi"])
+  p.add_argument("--dtype", default=None, help="compute dtype (default: bf16 on GPU, f32 on CPU)")
+  p.add_argument("--lr", type=float, default=3e-3)
+  p.add_argument("--seed", type=int, default=0)
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  if args.cpu_devices:
+    # Must happen before jax initializes its backends.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = (
+        f"{flags} --xla_force_host_platform_device_count={args.cpu_devices}").strip()
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+  import time
+
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax import nnx
+  from jax.sharding import NamedSharding
+
+  from lm import ByteBatches, LMConfig, MoELM, default_dtype, load_text, loss_fn
+  from sonic_jax.sharding import MoESharding, place_params, shard_moe_layers
+  import sonic_jax
+
+  n_dev = jax.device_count()
+  if args.cpu_devices and n_dev != args.cpu_devices:
+    raise SystemExit(f"asked for {args.cpu_devices} CPU devices but jax sees {n_dev} (was jax "
+                     "imported before this script set XLA_FLAGS?)")
+  expert = args.expert or max(k for k in range(1, n_dev + 1)
+                              if n_dev % (k * args.fsdp) == 0 and args.experts % k == 0)
+  data = args.data or n_dev // (expert * args.fsdp)
+  if data * args.fsdp * expert != n_dev:
+    raise SystemExit(f"mesh data={data} x fsdp={args.fsdp} x expert={expert} must use all "
+                     f"{n_dev} devices")
+  mesh = jax.make_mesh((data, args.fsdp, expert), ("data", "fsdp", "expert"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  sharding = MoESharding(mesh, data_axis="data", fsdp_axis="fsdp", expert_axis="expert",
+                         capacity_factor=args.capacity_factor)
+  if args.batch % sharding.num_token_shards:
+    raise SystemExit(f"--batch {args.batch} must be divisible by the {sharding.num_token_shards} "
+                     "token shards (data·fsdp·expert)")
+
+  cfg = LMConfig(seq_len=args.seq_len, d_model=args.d_model, num_layers=args.layers,
+                 d_ff=args.d_ff, num_experts=args.experts, top_k=args.top_k,
+                 routing=args.routing, backend=args.backend, dtype=args.dtype or default_dtype())
+  backend = sonic_jax.resolve_backend(cfg.backend).name
+  print(f"devices: {n_dev} x {jax.devices()[0].device_kind} | mesh: data={data} fsdp={args.fsdp} "
+        f"expert={expert} | backend: {backend} | dtype: {cfg.dtype} | routing: {cfg.routing}",
+        flush=True)
+
+  model = MoELM(cfg, nnx.Rngs(args.seed))
+  replaced = shard_moe_layers(model, sharding)
+  place_params(model, sharding)
+  w1 = model.blocks[0].moe.moe.w1[...]
+  print(f"sharded {replaced} MoE layers; w1 {w1.shape} spec {w1.sharding.spec}, "
+        f"tokens spec {sharding.token_spec}", flush=True)
+
+  schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(50, args.steps // 10 + 1),
+                                                args.steps, end_value=args.lr * 0.1)
+  optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
+
+  @nnx.jit
+  def train_step(model, optimizer, inputs, targets):
+    (_, ce), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, inputs, targets)
+    optimizer.update(model, grads)
+    return ce
+
+  batch_sharding = NamedSharding(mesh, sharding.token_spec)  # (B, S): B over the token axes
+  data_iter = ByteBatches(load_text(), cfg.seq_len, args.batch, seed=args.seed)
+  tokens_per_step = args.batch * cfg.seq_len
+  losses, times = [], []
+  for step in range(args.steps):
+    inputs, targets = (jax.device_put(jnp.asarray(a), batch_sharding) for a in data_iter.next())
+    t0 = time.perf_counter()
+    ce = float(train_step(model, optimizer, inputs, targets))
+    dt = time.perf_counter() - t0
+    if ce != ce:
+      raise FloatingPointError(f"loss became NaN at step {step}")
+    losses.append(ce)
+    if step >= 2:  # steps 1-2 compile (step 2 may recompile for the updated param layouts)
+      times.append(dt)
+    if step == 0 or (step + 1) % max(1, args.steps // 10) == 0:
+      rate = f"{tokens_per_step / dt:,.0f} tokens/s" if step >= 2 else "(compile)"
+      print(f"step {step + 1:4d}  loss {ce:.3f}  {rate}", flush=True)
+  steady = tokens_per_step * len(times) / sum(times) if times else float("nan")
+  k = min(5, len(losses))
+  result = dict(devices=n_dev, device_kind=jax.devices()[0].device_kind,
+                mesh=dict(data=data, fsdp=args.fsdp, expert=expert), backend=backend,
+                dtype=cfg.dtype, routing=cfg.routing, steps=args.steps,
+                first_loss=sum(losses[:k]) / k, last_loss=sum(losses[-k:]) / k,
+                tokens_per_s=steady)
+  print(f"loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
+        f"{steady:,.0f} tokens/s (steady state, compile excluded)", flush=True)
+  return result
+
+
+if __name__ == "__main__":
+  main()
