@@ -21,21 +21,38 @@ from sonic_jax.kernels import ExpertKernels
 from sonic_jax.routing import RoutingPlan
 
 
+class _Sequential:
+  """Kernel entry points wrapped so that vmap runs them as a loop over the batch.
+
+  Grouped-GEMM kernels take per-call group metadata, so an outer vmap cannot become one wider
+  kernel; ``sequential_vmap`` maps each call over the batch instead.
+  """
+
+  def __init__(self, kernels: ExpertKernels):
+    self._k = kernels
+
+  def __getattr__(self, name):
+    fn = getattr(self._k, name)
+    return lambda *args, **kw: jax.custom_batching.sequential_vmap(
+        functools.partial(fn, **kw))(*args)
+
+
 @functools.cache
-def _expert_block(kernels: ExpertKernels):
+def _expert_block(backend: ExpertKernels):
   """custom_vjp expert block bound to one backend (cached per backend instance)."""
+  kernels = _Sequential(backend)
 
   @jax.custom_vjp
   def block(x, scores, w1, w2, plan):
     h, a = kernels.up_proj(x, w1, plan, inference=True)
     del h
     y = kernels.down_proj(a, w2, plan)
-    return kernels.combine(y, plan, scores, x.dtype)
+    return kernels.combine(y, plan, scores, out_dtype=x.dtype)
 
   def fwd(x, scores, w1, w2, plan):
     h, a = kernels.up_proj(x, w1, plan)
     y = kernels.down_proj(a, w2, plan)
-    out = kernels.combine(y, plan, scores, x.dtype)
+    out = kernels.combine(y, plan, scores, out_dtype=x.dtype)
     return out, (x, h, scores, w1, w2, plan)
 
   def bwd(res, dout):
@@ -46,7 +63,7 @@ def _expert_block(kernels: ExpertKernels):
     dw2 = kernels.dw2(dout, a_prime, plan)
     dx_pairs = kernels.dx_pairs(dh, w1, plan)
     dw1 = kernels.dw1(x, dh, plan)
-    dx = kernels.combine(dx_pairs, plan, None, x.dtype)
+    dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
     dscores = jnp.where(plan.valid_mask(), ds[plan.reverse_idx], 0.0).astype(scores.dtype)
     zero_plan = jax.tree.map(_zero_cotangent, plan)
     return dx, dscores, dw1.astype(w1.dtype), dw2.astype(w2.dtype), zero_plan
@@ -104,4 +121,27 @@ def moe_experts(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *
   validate_expert_args(x, plan, w1, w2)
   kernels = resolve_backend(backend)
   kernels.validate(x, plan, w1, w2)
-  return _expert_block(kernels)(x, plan.scores, w1, w2, plan.replace(scores=jnp.zeros((0,))))
+  x, scores, w1, w2, plan = _match_varying_axes(x, plan.scores, w1, w2, plan)
+  return _expert_block(kernels)(x, scores, w1, w2, plan.replace(scores=jnp.zeros((0,))))
+
+
+def _varying_axes(a) -> frozenset:
+  mat = getattr(jax.typeof(a), "manual_axis_type", None)
+  return frozenset(getattr(mat, "varying", ()))
+
+
+def _match_varying_axes(*args):
+  """Inside shard_map, marks every input varying over the union of the inputs' manual axes.
+
+  A replicated weight used with sharded tokens gets a sharded cotangent; casting it to varying
+  outside the custom_vjp lets autodiff of the cast insert the psum that makes it replicated.
+  """
+  leaves, tree = jax.tree.flatten(args)
+  vma = frozenset().union(*(_varying_axes(a) for a in leaves))
+  if not vma:
+    return args
+  out = []
+  for a in leaves:
+    missing = tuple(sorted(vma - _varying_axes(a)))
+    out.append(jax.lax.pcast(a, missing, to="varying") if missing else a)
+  return jax.tree.unflatten(tree, out)

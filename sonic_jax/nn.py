@@ -1,0 +1,149 @@
+"""Flax modules: ``MoE`` (NNX) and ``MoELinen`` (Linen) around ``sonic_jax.moe``.
+
+Parameters (logical sharding axes in brackets, see ``LOGICAL_AXES``):
+  router (d, E) ["embed", "expert"], w1 (E, d, 2n) ["expert", "embed", "mlp"] holding
+  [gate | up], w2 (E, n, d) ["expert", "mlp", "embed"].
+
+Auxiliary load-balancing loss: when ``aux_loss_coef > 0`` the module sows
+``aux_loss_coef * load_balancing_loss`` as ``nnx.Intermediate`` named ``"aux_loss"`` (Linen:
+collection ``"intermediates"``, name ``"aux_loss"``); ``__call__(x, return_aux_loss=True)``
+returns ``(out, aux_loss)`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen, nnx
+
+from sonic_jax.backends import validate_backend_name
+from sonic_jax.experts import moe_experts
+from sonic_jax.kernels import ExpertKernels
+from sonic_jax.routing import (TokenRounding, load_balancing_loss, route_logits, router_logits,
+                               validate_routing_args)
+
+LOGICAL_AXES = {
+    "router": ("embed", "expert"),
+    "w1": ("expert", "embed", "mlp"),
+    "w2": ("expert", "mlp", "embed"),
+}
+
+Dtype = Any
+
+
+def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef):
+  for name, v in (("d_model", d_model), ("d_ff", d_ff), ("num_experts", num_experts)):
+    if not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name} must be a positive int, got {v!r}")
+  if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+    raise ValueError(f"top_k must satisfy 1 <= top_k <= num_experts ({num_experts}), got {top_k}")
+  validate_routing_args(jnp.zeros((1, num_experts)), top_k, routing)
+  validate_backend_name(backend)
+  if aux_loss_coef < 0:
+    raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
+
+
+def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, eval_routing):
+  """Shared forward of both modules: x (..., d) -> (out (..., d), aux loss scalar)."""
+  if x.shape[-1] != router_w.shape[0]:
+    raise ValueError(f"x must have last dimension d_model = {router_w.shape[0]}, got {x.shape}")
+  lead = x.shape[:-1]
+  xt = x.reshape(-1, x.shape[-1]).astype(dtype)
+  logits = router_logits(xt, router_w.astype(dtype))
+  plan = route_logits(logits, top_k=top_k, renormalize=renormalize,
+                      routing=routing if not eval_routing else "topk")
+  out = moe_experts(xt, plan, w1.astype(dtype), w2.astype(dtype), backend=backend)
+  return out.reshape(*lead, -1), load_balancing_loss(logits, plan)
+
+
+class MoE(nnx.Module):
+  """SwiGLU mixture-of-experts layer (Flax NNX).
+
+  Args:
+    d_model: model dim d.  d_ff: expert intermediate dim n.  num_experts: E.  top_k: K.
+    rngs: nnx.Rngs for init.  param_dtype: storage dtype of params.  dtype: compute dtype
+      (bf16 recommended on GPUs).  renormalize / routing / backend: as ``sonic_jax.moe``.
+    eval_topk: when True and the module is in eval mode (``model.eval()``), token rounding falls
+      back to plain top-K (rounding is a training-time optimization).
+    aux_loss_coef: weight of the sown load-balancing loss (0 disables it).
+    init_std: normal init std of the experts and router (default 0.02).
+  Call: x (..., d) -> (..., d) in ``dtype``.
+  """
+
+  def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int, *, rngs: nnx.Rngs,
+               param_dtype: Dtype = jnp.float32, dtype: Dtype = jnp.float32,
+               renormalize: bool = True, routing: str | TokenRounding = "topk",
+               backend: str | ExpertKernels = "auto", aux_loss_coef: float = 0.0,
+               eval_topk: bool = True, init_std: float = 0.02):
+    _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef)
+    init = nnx.initializers.normal(init_std)
+    # Shard eagerly only inside a mesh context; otherwise keep the logical axes as metadata.
+    eager = not jax.sharding.get_abstract_mesh().empty
+
+    def param(name, shape):
+      return nnx.Param(init(rngs.params(), shape, param_dtype), out_sharding=LOGICAL_AXES[name],
+                       eager_sharding=eager)
+
+    self.router = param("router", (d_model, num_experts))
+    self.w1 = param("w1", (num_experts, d_model, 2 * d_ff))
+    self.w2 = param("w2", (num_experts, d_ff, d_model))
+    self.top_k, self.renormalize, self.routing = top_k, renormalize, routing
+    self.backend, self.dtype, self.aux_loss_coef = backend, dtype, aux_loss_coef
+    self.eval_topk = eval_topk
+    self.deterministic = False
+
+  def __call__(self, x: jax.Array, *, return_aux_loss: bool = False):
+    out, aux = _apply(x, self.router[...], self.w1[...], self.w2[...], top_k=self.top_k,
+                      renormalize=self.renormalize, routing=self.routing, backend=self.backend,
+                      dtype=self.dtype, eval_routing=self.eval_topk and self.deterministic)
+    aux = self.aux_loss_coef * aux
+    if return_aux_loss:
+      return out, aux
+    if self.aux_loss_coef > 0:
+      self.sow(nnx.Intermediate, "aux_loss", aux)
+    return out
+
+
+class MoELinen(linen.Module):
+  """Linen version of ``MoE`` (same parameters, names and semantics).
+
+  ``deterministic=True`` at call time plays the role of NNX eval mode for ``eval_topk``.
+  """
+
+  d_model: int
+  d_ff: int
+  num_experts: int
+  top_k: int
+  param_dtype: Dtype = jnp.float32
+  dtype: Dtype = jnp.float32
+  renormalize: bool = True
+  routing: str | TokenRounding = "topk"
+  backend: str | ExpertKernels = "auto"
+  aux_loss_coef: float = 0.0
+  eval_topk: bool = True
+  init_std: float = 0.02
+
+  @linen.compact
+  def __call__(self, x: jax.Array, deterministic: bool = False, return_aux_loss: bool = False):
+    _check_config(self.d_model, self.d_ff, self.num_experts, self.top_k, self.routing,
+                  self.backend, self.aux_loss_coef)
+    init = linen.initializers.normal(self.init_std)
+
+    def param(name, shape):
+      return self.param(name, linen.with_logical_partitioning(init, LOGICAL_AXES[name]), shape,
+                        self.param_dtype)
+
+    router = param("router", (self.d_model, self.num_experts))
+    w1 = param("w1", (self.num_experts, self.d_model, 2 * self.d_ff))
+    w2 = param("w2", (self.num_experts, self.d_ff, self.d_model))
+    out, aux = _apply(x, router, w1, w2, top_k=self.top_k, renormalize=self.renormalize,
+                      routing=self.routing, backend=self.backend, dtype=self.dtype,
+                      eval_routing=self.eval_topk and deterministic)
+    aux = self.aux_loss_coef * aux
+    if return_aux_loss:
+      return out, aux
+    if self.aux_loss_coef > 0:
+      self.sow("intermediates", "aux_loss", aux)
+    return out
