@@ -1,0 +1,198 @@
+// Memory-bound kernels of the ffi backend: row gather, SwiGLU / dSwiGLU epilogues, combine.
+// Every kernel reads the number of live rows (group_offsets[E]) on the device, so no host sync;
+// rows past it are neither read nor written. Rows move as 16-byte vectors (8 bf16).
+#include <cuda_bf16.h>
+
+#include "sonic_ffi.h"
+
+namespace sonic {
+namespace ew {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t v) {
+  return __uint_as_float(static_cast<uint32_t>(v) << 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float v) {
+  __nv_bfloat16 b = __float2bfloat16_rn(v);
+  return *reinterpret_cast<uint16_t*>(&b);
+}
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = static_cast<uint32_t>(f32_to_bf16(f[2 * i])) |
+           (static_cast<uint32_t>(f32_to_bf16(f[2 * i + 1])) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ uint2 pack4(float a, float b, float c, float d) {
+  return make_uint2(
+      static_cast<uint32_t>(f32_to_bf16(a)) | (static_cast<uint32_t>(f32_to_bf16(b)) << 16),
+      static_cast<uint32_t>(f32_to_bf16(c)) | (static_cast<uint32_t>(f32_to_bf16(d)) << 16));
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+int grid_for(int64_t work, int per_block) {
+  int64_t blocks = (work + per_block - 1) / per_block;
+  if (blocks < 1) blocks = 1;
+  return static_cast<int>(blocks < 65535 * 4 ? blocks : 65535 * 4);
+}
+
+__global__ void gather_rows_kernel(const uint4* src, const int32_t* idx, const int32_t* offsets,
+                                   int num_groups, int chunks, uint4* dst) {
+  const int64_t total = offsets[num_groups];
+  for (int64_t row = blockIdx.x; row < total; row += gridDim.x) {
+    const uint4* s = src + int64_t(idx[row]) * chunks;
+    uint4* d = dst + row * chunks;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) d[c] = s[c];
+  }
+}
+
+// One thread per 4 columns of one row: reads gate and up float4s, writes H (both halves) and A.
+__global__ void swiglu_fwd_kernel(const float4* acc, const int32_t* offsets, int num_groups,
+                                  int n4, uint2* h, uint2* a) {
+  const int64_t total = offsets[num_groups] * int64_t(n4);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / n4, col = i % n4;
+    const float4 g = acc[row * 2 * n4 + col];
+    const float4 u = acc[row * 2 * n4 + n4 + col];
+    if (h != nullptr) {
+      h[row * 2 * n4 + col] = pack4(g.x, g.y, g.z, g.w);
+      h[row * 2 * n4 + n4 + col] = pack4(u.x, u.y, u.z, u.w);
+    }
+    a[i] = pack4(g.x * sigmoid(g.x) * u.x, g.y * sigmoid(g.y) * u.y, g.z * sigmoid(g.z) * u.z,
+                 g.w * sigmoid(g.w) * u.w);
+  }
+}
+
+// One block per row (grid-stride): elementwise dSwiGLU and a block reduction for dS.
+__global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
+                               const int32_t* offsets, int num_groups, int n4, uint2* dh,
+                               uint2* a_prime, float* ds) {
+  __shared__ float partial[kThreads / 32];
+  const int64_t total = offsets[num_groups];
+  for (int64_t row = blockIdx.x; row < total; row += gridDim.x) {
+    const float sp = s[row];
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+      const float4 d4 = da[row * n4 + c];
+      const uint2 gv = h[row * 2 * n4 + c], uv = h[row * 2 * n4 + n4 + c];
+      const float g[4] = {__uint_as_float(gv.x << 16), __uint_as_float(gv.x & 0xffff0000u),
+                          __uint_as_float(gv.y << 16), __uint_as_float(gv.y & 0xffff0000u)};
+      const float u[4] = {__uint_as_float(uv.x << 16), __uint_as_float(uv.x & 0xffff0000u),
+                          __uint_as_float(uv.y << 16), __uint_as_float(uv.y & 0xffff0000u)};
+      const float d[4] = {d4.x, d4.y, d4.z, d4.w};
+      float dg[4], du[4], ap[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float sig = sigmoid(g[i]);
+        const float silu = g[i] * sig;
+        const float act = silu * u[i];
+        dot += d[i] * act;
+        dg[i] = sp * d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+        du[i] = sp * d[i] * silu;
+        ap[i] = sp * act;
+      }
+      dh[row * 2 * n4 + c] = pack4(dg[0], dg[1], dg[2], dg[3]);
+      dh[row * 2 * n4 + n4 + c] = pack4(du[0], du[1], du[2], du[3]);
+      a_prime[row * n4 + c] = pack4(ap[0], ap[1], ap[2], ap[3]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = dot;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int w = 0; w < blockDim.x / 32; ++w) sum += partial[w];
+      ds[row] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+// One block per token (grid-stride), threads over 16-byte column chunks, fp32 accumulation.
+__global__ void combine_kernel(const uint4* y, const int32_t* token_offsets,
+                               const int32_t* reverse_idx, const float* scores, int num_tokens,
+                               int chunks, uint4* out) {
+  for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const int begin = token_offsets[t], end = token_offsets[t + 1];
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = begin; j < end; ++j) {
+        const float w = scores != nullptr ? scores[j] : 1.0f;
+        float v[8];
+        unpack8(y[int64_t(reverse_idx[j]) * chunks + c], v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
+      }
+      out[int64_t(t) * chunks + c] = pack8(acc);
+    }
+  }
+}
+
+int block_for(int chunks) {
+  int b = ((chunks + 31) / 32) * 32;
+  return b < kThreads ? (b < 32 ? 32 : b) : kThreads;
+}
+
+}  // namespace ew
+
+cudaError_t gather_rows(const uint16_t* src, const int32_t* idx, const int32_t* group_offsets,
+                        int num_groups, int64_t capacity, int cols, uint16_t* dst,
+                        cudaStream_t stream) {
+  if (capacity == 0) return cudaSuccess;
+  const int chunks = cols / 8;
+  ew::gather_rows_kernel<<<ew::grid_for(capacity, 1), ew::block_for(chunks), 0, stream>>>(
+      reinterpret_cast<const uint4*>(src), idx, group_offsets, num_groups, chunks,
+      reinterpret_cast<uint4*>(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu_fwd(const float* acc, const int32_t* group_offsets, int num_groups,
+                       int64_t capacity, int n, uint16_t* h, uint16_t* a, cudaStream_t stream) {
+  if (capacity == 0) return cudaSuccess;
+  const int n4 = n / 4;
+  ew::swiglu_fwd_kernel<<<ew::grid_for(capacity * n4, ew::kThreads), ew::kThreads, 0, stream>>>(
+      reinterpret_cast<const float4*>(acc), group_offsets, num_groups, n4,
+      reinterpret_cast<uint2*>(h), reinterpret_cast<uint2*>(a));
+  return cudaGetLastError();
+}
+
+cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
+                    const int32_t* group_offsets, int num_groups, int64_t capacity, int n,
+                    uint16_t* dh, uint16_t* a_prime, float* ds, cudaStream_t stream) {
+  if (capacity == 0) return cudaSuccess;
+  const int n4 = n / 4;
+  ew::dswiglu_kernel<<<ew::grid_for(capacity, 1), ew::kThreads, 0, stream>>>(
+      reinterpret_cast<const float4*>(da), reinterpret_cast<const uint2*>(h), s, group_offsets,
+      num_groups, n4, reinterpret_cast<uint2*>(dh), reinterpret_cast<uint2*>(a_prime), ds);
+  return cudaGetLastError();
+}
+
+cudaError_t combine(const uint16_t* y, const int32_t* token_offsets, const int32_t* reverse_idx,
+                    const float* scores, int num_tokens, int cols, uint16_t* out,
+                    cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  const int chunks = cols / 8;
+  ew::combine_kernel<<<ew::grid_for(num_tokens, 1), ew::block_for(chunks), 0, stream>>>(
+      reinterpret_cast<const uint4*>(y), token_offsets, reverse_idx, scores, num_tokens, chunks,
+      reinterpret_cast<uint4*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace sonic

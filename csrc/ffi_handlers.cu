@@ -1,0 +1,274 @@
+// XLA FFI handlers of the ffi backend (targets registered from sonic_jax/ffi/_lib.py).
+// Shapes are checked here too: a bad call returns an FFI error instead of touching memory.
+#include <string>
+
+#include "sonic_ffi.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace sonic {
+
+size_t grouped_gemm_workspace_bytes(GemmKind kind, int num_groups) {
+  switch (kind) {
+    case GemmKind::kVarlenMNNF32: return varlen_m_nn_workspace_bytes(true, num_groups);
+    case GemmKind::kVarlenMNNBf16: return varlen_m_nn_workspace_bytes(false, num_groups);
+    case GemmKind::kVarlenMNTF32: return varlen_m_nt_workspace_bytes(true, num_groups);
+    case GemmKind::kVarlenMNTBf16: return varlen_m_nt_workspace_bytes(false, num_groups);
+    case GemmKind::kVarlenKF32: return varlen_k_workspace_bytes(num_groups);
+    default: return 0;
+  }
+}
+
+std::string run_grouped_gemm(GemmKind kind, const GroupedGemmParams& p, cudaStream_t stream) {
+  switch (kind) {
+    case GemmKind::kVarlenMNNF32: return run_varlen_m_nn(true, p, stream);
+    case GemmKind::kVarlenMNNBf16: return run_varlen_m_nn(false, p, stream);
+    case GemmKind::kVarlenMNTF32: return run_varlen_m_nt(true, p, stream);
+    case GemmKind::kVarlenMNTBf16: return run_varlen_m_nt(false, p, stream);
+    case GemmKind::kVarlenKF32: return run_varlen_k(p, stream);
+    default: return "unknown GEMM kind " + std::to_string(static_cast<int>(kind));
+  }
+}
+
+namespace handlers {
+
+std::string dims_str(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + ")";
+}
+
+ffi::Error cuda_error(const char* what, cudaError_t err) {
+  if (err == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+ffi::Error check(bool ok, const std::string& msg) {
+  return ok ? ffi::Error::Success() : ffi::Error::InvalidArgument(msg);
+}
+
+// src (T, d) bf16, idx (P,) s32, group_offsets (E+1,) s32 -> dst (P, d) bf16.
+ffi::Error GatherRowsImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> src,
+                          ffi::Buffer<ffi::S32, 1> idx, ffi::Buffer<ffi::S32, 1> offsets,
+                          ffi::ResultBuffer<ffi::BF16, 2> dst) {
+  const int64_t cols = src.dimensions()[1], cap = idx.dimensions()[0];
+  if (auto e = check(cols % 8 == 0 && dst->dimensions()[1] == cols &&
+                         dst->dimensions()[0] == cap,
+                     "gather_rows: need cols % 8 == 0 and dst (P, cols)");
+      e.failure()) return e;
+  return cuda_error("gather_rows",
+                    gather_rows(src.typed_data(), idx.typed_data(), offsets.typed_data(),
+                                static_cast<int>(offsets.dimensions()[0] - 1), cap,
+                                static_cast<int>(cols), dst->typed_data(), stream));
+}
+
+// kind: GemmKind. varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT], d (P, N).
+// varlen-K: a (P, M), b (P, N), d (E, M, N). workspace: u8, size from the workspace query.
+ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, ffi::Buffer<ffi::BF16, 2> a,
+                           ffi::AnyBuffer b, ffi::Buffer<ffi::S32, 1> offsets,
+                           ffi::Result<ffi::AnyBuffer> d,
+                           ffi::ResultBuffer<ffi::U8, 1> workspace) {
+  const GemmKind k = static_cast<GemmKind>(kind);
+  const int num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
+  GroupedGemmParams p{};
+  p.a = a.untyped_data();
+  p.b = b.untyped_data();
+  p.d = d->untyped_data();
+  p.group_offsets = offsets.typed_data();
+  p.num_groups = num_groups;
+  p.workspace = workspace->untyped_data();
+  p.workspace_bytes = workspace->size_bytes();
+  auto ad = a.dimensions(), bd = b.dimensions(), dd = d->dimensions();
+  const bool f32_out = k == GemmKind::kVarlenMNNF32 || k == GemmKind::kVarlenMNTF32 ||
+                       k == GemmKind::kVarlenKF32;
+  std::string shapes = "a " + dims_str(ad) + ", b " + dims_str(bd) + ", d " + dims_str(dd);
+  if (auto e = check(b.element_type() == ffi::BF16 &&
+                         d->element_type() == (f32_out ? ffi::F32 : ffi::BF16),
+                     "grouped_gemm: b must be bf16 and d " + std::string(f32_out ? "f32" : "bf16"));
+      e.failure()) return e;
+  if (k == GemmKind::kVarlenKF32) {
+    p.m = static_cast<int>(ad[1]);
+    p.n = static_cast<int>(bd.size() == 2 ? bd[1] : -1);
+    if (auto e = check(bd.size() == 2 && bd[0] == ad[0] && dd.size() == 3 &&
+                           dd[0] == num_groups && dd[1] == p.m && dd[2] == p.n &&
+                           p.m % 8 == 0 && p.n % 8 == 0,
+                       "grouped_gemm varlen-K: bad shapes " + shapes);
+        e.failure()) return e;
+  } else {
+    const bool nt = k == GemmKind::kVarlenMNTF32 || k == GemmKind::kVarlenMNTBf16;
+    p.k = static_cast<int>(ad[1]);
+    p.n = static_cast<int>(bd.size() == 3 ? (nt ? bd[1] : bd[2]) : -1);
+    const int64_t bk = bd.size() == 3 ? (nt ? bd[2] : bd[1]) : -1;
+    if (auto e = check(bd.size() == 3 && bd[0] == num_groups && bk == p.k && dd.size() == 2 &&
+                           dd[0] == ad[0] && dd[1] == p.n && p.k % 8 == 0 && p.n % 8 == 0,
+                       "grouped_gemm varlen-M: bad shapes " + shapes);
+        e.failure()) return e;
+  }
+  std::string err = run_grouped_gemm(k, p, stream);
+  if (!err.empty()) return ffi::Error::Internal("grouped_gemm: " + err);
+  return ffi::Error::Success();
+}
+
+// acc (P, 2n) f32, group_offsets -> h (P, 2n) bf16 (kWriteH), a (P, n) bf16.
+template <bool kWriteH>
+ffi::Error SwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
+                      ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> first,
+                      ffi::ResultBuffer<ffi::BF16, 2> second) {
+  const int64_t cap = acc.dimensions()[0], two_n = acc.dimensions()[1];
+  uint16_t* h = kWriteH ? first->typed_data() : nullptr;
+  uint16_t* a = kWriteH ? second->typed_data() : first->typed_data();
+  if (auto e = check(two_n % 8 == 0, "swiglu: 2n must be a multiple of 8"); e.failure()) return e;
+  return cuda_error("swiglu", swiglu_fwd(acc.typed_data(), offsets.typed_data(),
+                                         static_cast<int>(offsets.dimensions()[0] - 1), cap,
+                                         static_cast<int>(two_n / 2), h, a, stream));
+}
+
+ffi::Error SwigluHAImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
+                        ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> h,
+                        ffi::ResultBuffer<ffi::BF16, 2> a) {
+  return SwigluImpl<true>(stream, acc, offsets, h, a);
+}
+
+ffi::Error SwigluAImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
+                       ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> a) {
+  return SwigluImpl<false>(stream, acc, offsets, a, a);
+}
+
+// da (P, n) f32, h (P, 2n) bf16, s (P,) f32 -> dh (P, 2n) bf16, a' (P, n) bf16, ds (P,) f32.
+ffi::Error DSwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> da,
+                       ffi::Buffer<ffi::BF16, 2> h, ffi::Buffer<ffi::F32, 1> s,
+                       ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> dh,
+                       ffi::ResultBuffer<ffi::BF16, 2> a_prime, ffi::ResultBuffer<ffi::F32, 1> ds) {
+  const int64_t cap = da.dimensions()[0], n = da.dimensions()[1];
+  if (auto e = check(n % 4 == 0 && h.dimensions()[1] == 2 * n && h.dimensions()[0] == cap &&
+                         s.dimensions()[0] == cap,
+                     "dswiglu: need da (P, n), h (P, 2n), s (P,), n % 4 == 0");
+      e.failure()) return e;
+  return cuda_error("dswiglu",
+                    dswiglu(da.typed_data(), h.typed_data(), s.typed_data(),
+                            offsets.typed_data(), static_cast<int>(offsets.dimensions()[0] - 1),
+                            cap, static_cast<int>(n), dh->typed_data(), a_prime->typed_data(),
+                            ds->typed_data(), stream));
+}
+
+// y (P, d) bf16, token_offsets (T+1,), reverse_idx (P,), [scores (P,) f32] -> out (T, d) bf16.
+ffi::Error CombineWeightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
+                               ffi::Buffer<ffi::S32, 1> token_offsets,
+                               ffi::Buffer<ffi::S32, 1> reverse_idx, ffi::Buffer<ffi::F32, 1> s,
+                               ffi::ResultBuffer<ffi::BF16, 2> out) {
+  const int64_t cols = y.dimensions()[1];
+  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
+  return cuda_error("combine",
+                    combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
+                            s.typed_data(), static_cast<int>(out->dimensions()[0]),
+                            static_cast<int>(cols), out->typed_data(), stream));
+}
+
+ffi::Error CombineUnweightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
+                                 ffi::Buffer<ffi::S32, 1> token_offsets,
+                                 ffi::Buffer<ffi::S32, 1> reverse_idx,
+                                 ffi::ResultBuffer<ffi::BF16, 2> out) {
+  const int64_t cols = y.dimensions()[1];
+  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
+  return cuda_error("combine",
+                    combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
+                            nullptr, static_cast<int>(out->dimensions()[0]),
+                            static_cast<int>(cols), out->typed_data(), stream));
+}
+
+}  // namespace handlers
+}  // namespace sonic
+
+using sonic::handlers::CombineUnweightedImpl;
+using sonic::handlers::CombineWeightedImpl;
+using sonic::handlers::DSwigluImpl;
+using sonic::handlers::GatherRowsImpl;
+using sonic::handlers::GroupedGemmImpl;
+using sonic::handlers::SwigluAImpl;
+using sonic::handlers::SwigluHAImpl;
+
+using Stream = ffi::PlatformStream<cudaStream_t>;
+// Aliases: template arguments with commas cannot go through the handler macro.
+using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
+using F32Matrix = ffi::Buffer<ffi::F32, 2>;
+using F32Vector = ffi::Buffer<ffi::F32, 1>;
+using S32Vector = ffi::Buffer<ffi::S32, 1>;
+using U8Vector = ffi::Buffer<ffi::U8, 1>;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatherRows, GatherRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGroupedGemm, GroupedGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Attr<int32_t>("kind")
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<S32Vector>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<U8Vector>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluHA, SwigluHAImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<F32Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<Bf16Matrix>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluA, SwigluAImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<F32Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicDSwiglu, DSwigluImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<F32Matrix>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<F32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<F32Vector>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineWeighted, CombineWeightedImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Arg<F32Vector>()
+                                  .Ret<Bf16Matrix>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>());
+
+// Plain C entry points for the Python loader (ctypes).
+extern "C" {
+
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 1; }
+
+// Workspace bytes the SonicGroupedGemm target needs for `kind` and `num_groups` on the current
+// device (CUTLASS sizes its TMA-descriptor workspace by the SM count).
+__attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(int kind,
+                                                                              int num_groups) {
+  if (kind < 0 || kind >= static_cast<int>(sonic::GemmKind::kNumKinds)) return -1;
+  return static_cast<int64_t>(
+      sonic::grouped_gemm_workspace_bytes(static_cast<sonic::GemmKind>(kind), num_groups));
+}
+
+}  // extern "C"

@@ -1,0 +1,231 @@
+// CUTLASS 3.x ptr-array grouped GEMM (Hopper TMA + WGMMA, warp-specialized) with the per-group
+// problem shapes, pointers and strides built on the device from group_offsets: no host sync.
+#pragma once
+
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "sonic_ffi.h"
+
+namespace sonic {
+
+// Tile configurations (a per-shape table picks among these; see docs/ffi.md).
+struct PingpongConfig {
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+struct CooperativeVarlenKConfig {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+// LayoutA / LayoutB in CUTLASS 2.x terms: A is (M, K), B is (K, N); D is always row-major.
+template <class LayoutA, class LayoutB, class ElementD, class Config>
+struct GroupedGemm {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+  using ElementAB = cutlass::bfloat16_t;
+  using Out = ElementD;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile,
+      typename Config::Cluster, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD*, kAlignD, ElementD, LayoutD*, kAlignD, typename Config::Epilogue,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB,
+      ElementAB, LayoutB*, kAlignAB, float, typename Config::Tile, typename Config::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Config::Kernel>::CollectiveOp;
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+
+  // Device-built argument arrays, carved out of the front of the workspace.
+  struct Args {
+    Shape* shapes;
+    const ElementAB** a;
+    const ElementAB** b;
+    ElementD** d;
+    StrideA* sa;
+    StrideB* sb;
+    StrideD* sd;
+  };
+
+  static constexpr size_t kAlign = 256;
+  static size_t round_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+  static size_t args_bytes(int e) {
+    return round_up(e * sizeof(Shape)) + 3 * round_up(e * sizeof(void*)) +
+           round_up(e * sizeof(StrideA)) + round_up(e * sizeof(StrideB)) +
+           round_up(e * sizeof(StrideD));
+  }
+
+  static Args carve(void* ws, int e) {
+    char* p = static_cast<char*>(ws);
+    Args r;
+    r.shapes = reinterpret_cast<Shape*>(p); p += round_up(e * sizeof(Shape));
+    r.a = reinterpret_cast<const ElementAB**>(p); p += round_up(e * sizeof(void*));
+    r.b = reinterpret_cast<const ElementAB**>(p); p += round_up(e * sizeof(void*));
+    r.d = reinterpret_cast<ElementD**>(p); p += round_up(e * sizeof(void*));
+    r.sa = reinterpret_cast<StrideA*>(p); p += round_up(e * sizeof(StrideA));
+    r.sb = reinterpret_cast<StrideB*>(p); p += round_up(e * sizeof(StrideB));
+    r.sd = reinterpret_cast<StrideD*>(p);
+    return r;
+  }
+
+  static cutlass::KernelHardwareInfo hw_info() {
+    int device = 0;
+    cudaGetDevice(&device);
+    // One query per device: the SM count never changes and the call costs microseconds.
+    static thread_local int cached_device = -1;
+    static thread_local int cached_sms = 0;
+    if (device != cached_device) {
+      cached_sms = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+      cached_device = device;
+    }
+    cutlass::KernelHardwareInfo info;
+    info.device_id = device;
+    info.sm_count = cached_sms;
+    return info;
+  }
+
+  static typename Gemm::Arguments make_arguments(const Args& args, int e) {
+    typename Gemm::Arguments arguments;
+    arguments.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    arguments.problem_shape = {e, args.shapes, nullptr};  // shapes live on the device only
+    arguments.mainloop = {args.a, args.sa, args.b, args.sb};
+    arguments.epilogue.thread.alpha = 1.0f;
+    arguments.epilogue.thread.beta = 0.0f;
+    arguments.epilogue.ptr_C = nullptr;
+    arguments.epilogue.dC = nullptr;
+    arguments.epilogue.ptr_D = args.d;
+    arguments.epilogue.dD = args.sd;
+    arguments.hw_info = hw_info();
+    return arguments;
+  }
+
+  static size_t workspace_bytes(int e) {
+    Args dummy{};
+    auto arguments = make_arguments(dummy, e);
+    return args_bytes(e) + round_up(Gemm::get_workspace_size(arguments));
+  }
+
+  // Builds the argument arrays with `build` (a kernel launch) and runs the GEMM.
+  template <class BuildFn>
+  static std::string run(const GroupedGemmParams& p, cudaStream_t stream, BuildFn build) {
+    const int e = p.num_groups;
+    size_t need = workspace_bytes(e);
+    if (p.workspace_bytes < need) {
+      return "workspace too small: " + std::to_string(p.workspace_bytes) + " < " +
+             std::to_string(need) + " bytes";
+    }
+    Args args = carve(p.workspace, e);
+    build(args);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("argument kernel: ") + cudaGetErrorString(err);
+    auto arguments = make_arguments(args, e);
+    void* gemm_ws = static_cast<char*>(p.workspace) + args_bytes(e);
+    Gemm gemm;
+    cutlass::Status st = gemm.can_implement(arguments);
+    if (st != cutlass::Status::kSuccess) {
+      return std::string("CUTLASS can_implement: ") + cutlassGetStatusString(st);
+    }
+    st = gemm.initialize(arguments, gemm_ws, stream);
+    if (st != cutlass::Status::kSuccess) {
+      return std::string("CUTLASS initialize: ") + cutlassGetStatusString(st);
+    }
+    st = gemm.run(stream);
+    if (st != cutlass::Status::kSuccess) {
+      return std::string("CUTLASS run: ") + cutlassGetStatusString(st);
+    }
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("CUTLASS launch: ") + cudaGetErrorString(err);
+    return {};
+  }
+};
+
+// Group e: D[off_e : off_e + m_e, :N] = A[off_e : off_e + m_e, :K] · op(B_e), B_e = b + e·K·N.
+template <class G>
+__global__ void build_varlen_m_args(typename G::Args args, const int32_t* offsets, int e_count,
+                                    int n, int k, const typename G::ElementAB* a,
+                                    const typename G::ElementAB* b, typename G::Out* d) {
+  int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= e_count) return;
+  int start = offsets[e];
+  int rows = offsets[e + 1] - start;
+  args.shapes[e] = cute::make_shape(rows, n, k);
+  args.a[e] = a + int64_t(start) * k;
+  args.b[e] = b + int64_t(e) * k * n;
+  args.d[e] = d + int64_t(start) * n;
+  args.sa[e] = cutlass::make_cute_packed_stride(typename G::StrideA{}, {rows, k, 1});
+  args.sb[e] = cutlass::make_cute_packed_stride(typename G::StrideB{}, {n, k, 1});
+  args.sd[e] = cutlass::make_cute_packed_stride(typename G::StrideD{}, {rows, n, 1});
+}
+
+// Group e: D_e (M, N) = A[off_e : off_e + k_e, :M]ᵀ · B[off_e : off_e + k_e, :N], D_e = d + e·M·N.
+// A is read as a column-major (M, k_e) matrix and B as a row-major (k_e, N) one; k_e = 0 gives
+// zeros (the epilogue still runs).
+template <class G>
+__global__ void build_varlen_k_args(typename G::Args args, const int32_t* offsets, int e_count,
+                                    int m, int n, const typename G::ElementAB* a,
+                                    const typename G::ElementAB* b, typename G::Out* d) {
+  int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= e_count) return;
+  int start = offsets[e];
+  int rows = offsets[e + 1] - start;
+  args.shapes[e] = cute::make_shape(m, n, rows);
+  args.a[e] = a + int64_t(start) * m;
+  args.b[e] = b + int64_t(start) * n;
+  args.d[e] = d + int64_t(e) * m * n;
+  args.sa[e] = cutlass::make_cute_packed_stride(typename G::StrideA{}, {m, rows, 1});
+  args.sb[e] = cutlass::make_cute_packed_stride(typename G::StrideB{}, {n, rows, 1});
+  args.sd[e] = cutlass::make_cute_packed_stride(typename G::StrideD{}, {m, n, 1});
+}
+
+template <class G>
+std::string launch_varlen_m(const GroupedGemmParams& p, cudaStream_t stream) {
+  return G::run(p, stream, [&](const typename G::Args& args) {
+    int threads = 128, blocks = (p.num_groups + threads - 1) / threads;
+    build_varlen_m_args<G><<<blocks, threads, 0, stream>>>(
+        args, p.group_offsets, p.num_groups, p.n, p.k,
+        static_cast<const typename G::ElementAB*>(p.a),
+        static_cast<const typename G::ElementAB*>(p.b), static_cast<typename G::Out*>(p.d));
+  });
+}
+
+template <class G>
+std::string launch_varlen_k(const GroupedGemmParams& p, cudaStream_t stream) {
+  return G::run(p, stream, [&](const typename G::Args& args) {
+    int threads = 128, blocks = (p.num_groups + threads - 1) / threads;
+    build_varlen_k_args<G><<<blocks, threads, 0, stream>>>(
+        args, p.group_offsets, p.num_groups, p.m, p.n,
+        static_cast<const typename G::ElementAB*>(p.a),
+        static_cast<const typename G::ElementAB*>(p.b), static_cast<typename G::Out*>(p.d));
+  });
+}
+
+}  // namespace sonic

@@ -1,0 +1,77 @@
+// Internal interface between the FFI handlers (ffi_handlers.cu) and the kernel translation units.
+// No CUTLASS or XLA types here, so the handler TU compiles without the CUTLASS templates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime.h>
+
+namespace sonic {
+
+// A GEMM family: one CUTLASS instantiation (layouts, output type, tile config).
+enum class GemmKind : int {
+  kVarlenMNNF32 = 0,   // D[rows_e, N] = A[rows_e, K] · B_e,  B_e (K, N) row-major, D fp32
+  kVarlenMNNBf16 = 1,  // same, D bf16
+  kVarlenMNTF32 = 2,   // D[rows_e, N] = A[rows_e, K] · B_eᵀ, B_e (N, K) row-major, D fp32
+  kVarlenMNTBf16 = 3,  // same, D bf16
+  kVarlenKF32 = 4,     // D_e[M, N] = A[rows_e, M]ᵀ · B[rows_e, N], D (E, M, N) fp32
+  kNumKinds = 5,
+};
+
+// Operands of one grouped GEMM; all pointers are device pointers.
+// Group e owns rows [group_offsets[e], group_offsets[e+1]) of the row-indexed operands;
+// group_offsets is read on the device only.
+struct GroupedGemmParams {
+  const void* a;
+  const void* b;
+  void* d;
+  const int32_t* group_offsets;  // (E + 1,)
+  int num_groups;                // E
+  int m;                         // varlen-K only: rows of each D_e
+  int n;
+  int k;                         // varlen-M only: the reduction size
+  void* workspace;
+  size_t workspace_bytes;
+};
+
+// Bytes of workspace `run_grouped_gemm` needs for `num_groups` groups on the current device.
+size_t grouped_gemm_workspace_bytes(GemmKind kind, int num_groups);
+
+// Launches the grouped GEMM on `stream`; returns an empty string or an error message.
+std::string run_grouped_gemm(GemmKind kind, const GroupedGemmParams& p, cudaStream_t stream);
+
+// Per-TU entry points (one translation unit per GEMM family so they build in parallel).
+size_t varlen_m_nn_workspace_bytes(bool f32_out, int num_groups);
+std::string run_varlen_m_nn(bool f32_out, const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_m_nt_workspace_bytes(bool f32_out, int num_groups);
+std::string run_varlen_m_nt(bool f32_out, const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_k_workspace_bytes(int num_groups);
+std::string run_varlen_k(const GroupedGemmParams& p, cudaStream_t stream);
+
+// ---- Memory-bound kernels (elementwise.cu). bf16 is passed as raw 16-bit storage. ----
+
+// dst[p, :] = src[idx[p], :] for p < group_offsets[E]; cols % 8 == 0 (16-byte rows chunks).
+cudaError_t gather_rows(const uint16_t* src, const int32_t* idx, const int32_t* group_offsets,
+                        int num_groups, int64_t capacity, int cols, uint16_t* dst,
+                        cudaStream_t stream);
+
+// From the fp32 accumulator acc (P, 2n): h = bf16(acc) (skipped when h == nullptr),
+// a = bf16(silu(acc[:, :n]) * acc[:, n:]), rows p < group_offsets[E].
+cudaError_t swiglu_fwd(const float* acc, const int32_t* group_offsets, int num_groups,
+                       int64_t capacity, int n, uint16_t* h, uint16_t* a, cudaStream_t stream);
+
+// dSwiGLU / dS / A' epilogue: from da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32:
+// a = silu(g)·u (fp32 from bf16 h), ds = <da, a>, dh = s·dSwiGLU(da), a_prime = s·a.
+cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
+                    const int32_t* group_offsets, int num_groups, int64_t capacity, int n,
+                    uint16_t* dh, uint16_t* a_prime, float* ds, cudaStream_t stream);
+
+// out[t] = Σ_{j in [token_offsets[t], token_offsets[t+1])} s_j · y[reverse_idx[j]] (fp32 acc),
+// scores == nullptr for an unweighted sum. cols % 8 == 0.
+cudaError_t combine(const uint16_t* y, const int32_t* token_offsets, const int32_t* reverse_idx,
+                    const float* scores, int num_tokens, int cols, uint16_t* out,
+                    cudaStream_t stream);
+
+}  // namespace sonic

@@ -1,0 +1,92 @@
+"""Finds and loads libsonic_jax_cuda.so and registers its XLA FFI targets (once, lazily)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import pathlib
+
+LIBRARY_NAME = "libsonic_jax_cuda.so"
+ENV_LIBRARY = "SONIC_JAX_FFI_LIBRARY"
+
+# FFI target name -> exported handler symbol (csrc/ffi_handlers.cu).
+TARGETS = {
+    "sonic_jax_gather_rows": "SonicGatherRows",
+    "sonic_jax_grouped_gemm": "SonicGroupedGemm",
+    "sonic_jax_swiglu_ha": "SonicSwigluHA",
+    "sonic_jax_swiglu_a": "SonicSwigluA",
+    "sonic_jax_dswiglu": "SonicDSwiglu",
+    "sonic_jax_combine_weighted": "SonicCombineWeighted",
+    "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
+}
+ABI_VERSION = 1
+
+
+def _search_dirs() -> list[pathlib.Path]:
+  # An editable scikit-build install puts the library in site-packages while the .py files stay
+  # in the source tree, so every entry of the package path is searched.
+  import sonic_jax.ffi as pkg
+  return [pathlib.Path(p) for p in pkg.__path__]
+
+
+def find_library() -> pathlib.Path | None:
+  """Path of the CUDA library ($SONIC_JAX_FFI_LIBRARY, else next to this package), or None."""
+  env = os.environ.get(ENV_LIBRARY)
+  if env:
+    return pathlib.Path(env)
+  for d in _search_dirs():
+    if (d / LIBRARY_NAME).is_file():
+      return d / LIBRARY_NAME
+  return None
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+  path = find_library()
+  if path is None:
+    dirs = ", ".join(str(d) for d in _search_dirs())
+    return None, (f"the CUDA library {LIBRARY_NAME} is not built (looked in {dirs}); build it "
+                  f"with `python -m sonic_jax.ffi.build` on a machine with nvcc >= 12.3 and "
+                  f"the nvidia-cutlass wheel (docs/ffi.md)")
+  if not path.is_file():
+    return None, f"{ENV_LIBRARY}={path} does not exist"
+  try:
+    lib = ctypes.CDLL(str(path))
+  except OSError as e:
+    return None, f"the CUDA library {path} failed to load: {e}"
+  try:
+    version = lib.sonic_jax_abi_version()
+  except AttributeError:
+    version = None
+  if version != ABI_VERSION:
+    return None, (f"the CUDA library {path} has ABI version {version}, this package needs "
+                  f"{ABI_VERSION}; rebuild it with `python -m sonic_jax.ffi.build`")
+  lib.sonic_jax_gemm_workspace_bytes.restype = ctypes.c_int64
+  lib.sonic_jax_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+  return lib, None
+
+
+def library_error() -> str | None:
+  """Why the library cannot be loaded, or None."""
+  return _load()[1]
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+  """The loaded library with its FFI targets registered for the CUDA platform."""
+  lib, err = _load()
+  if err is not None:
+    raise RuntimeError(err)
+  import jax
+  for name, symbol in TARGETS.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="CUDA")
+  return lib
+
+
+@functools.cache
+def gemm_workspace_bytes(kind: int, num_groups: int) -> int:
+  n = library().sonic_jax_gemm_workspace_bytes(kind, num_groups)
+  if n < 0:
+    raise ValueError(f"unknown GEMM kind {kind}")
+  return int(n)

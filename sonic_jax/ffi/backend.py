@@ -1,0 +1,79 @@
+"""FfiKernels: the kernel contract on CUTLASS grouped GEMMs and CUDA kernels (XLA FFI).
+
+Version 1 composition (each step one FFI call, all device-side, no host sync):
+  up_proj   gather x rows -> varlen-M GEMM (fp32 acc) -> SwiGLU kernel (H, A)
+  down_proj varlen-M GEMM A·W2 (bf16 out)
+  dh        gather dO rows -> varlen-M GEMM dO·W2ᵀ (fp32) -> dSwiGLU/dS/A' kernel
+  dw2, dw1  gather rows -> varlen-K GEMM (fp32 out; empty experts give zeros)
+  dx_pairs  varlen-M GEMM dH·W1ᵀ (bf16 out)
+  combine   one kernel, 16-byte loads, fp32 accumulation (weighted or not)
+The gathers and epilogues are separate kernels; fusing them into the GEMM is future work.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sonic_jax.ffi import ops
+from sonic_jax.ffi.ops import GemmKind
+from sonic_jax.kernels import ExpertKernels
+from sonic_jax.routing import RoutingPlan
+
+_INT32_MAX = 2**31 - 1
+
+
+class FfiKernels(ExpertKernels):
+  """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a)."""
+
+  name = "ffi"
+
+  def validate(self, x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array) -> None:
+    """Raises ValueError for dtypes or sizes the kernels cannot handle (before any kernel runs)."""
+    for arg, arr in (("x", x), ("w1", w1), ("w2", w2)):
+      if arr.dtype != jnp.bfloat16:
+        raise ValueError(f"backend='ffi' needs bf16 operands: {arg} has dtype {arr.dtype}")
+    d, two_n = w1.shape[1], w1.shape[2]
+    n = two_n // 2
+    # TMA needs 16-byte aligned row starts and strides: 8 bf16 elements.
+    if d % 8:
+      raise ValueError(f"backend='ffi' needs d (x.shape[1]) to be a multiple of 8, got {d}")
+    if n % 8:
+      raise ValueError(f"backend='ffi' needs n (w2.shape[1]) to be a multiple of 8, got {n}")
+    if plan.capacity < 1:
+      raise ValueError("backend='ffi' needs a plan with capacity >= 1")
+    if plan.capacity * max(d, two_n) > _INT32_MAX * 8:
+      raise ValueError(f"plan capacity {plan.capacity} times the width {max(d, two_n)} is too "
+                       f"large for the kernels' indexing")
+
+  def up_proj(self, x, w1, plan, *, inference=False):
+    offs = plan.group_offsets
+    xg = ops.gather_rows(x, plan.gather_idx, offs)
+    acc = ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_F32)
+    return ops.swiglu(acc, offs, write_h=not inference)
+
+  def down_proj(self, a, w2, plan):
+    return ops.grouped_gemm(a, w2, plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)
+
+  def combine(self, y, plan, scores, out_dtype):
+    out = ops.combine(y, plan.token_offsets, plan.reverse_idx, scores, plan.num_tokens)
+    return out.astype(out_dtype)
+
+  def dh(self, dout, w2, h, scores_grouped, plan):
+    offs = plan.group_offsets
+    dog = ops.gather_rows(dout, plan.gather_idx, offs)
+    da = ops.grouped_gemm(dog, w2, offs, GemmKind.VARLEN_M_NT_F32)
+    return ops.dswiglu(da, h, scores_grouped, offs)
+
+  def dw2(self, dout, a_prime, plan):
+    offs = plan.group_offsets
+    dog = ops.gather_rows(dout, plan.gather_idx, offs)
+    return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_F32)
+
+  def dx_pairs(self, dh, w1, plan):
+    return ops.grouped_gemm(dh, w1, plan.group_offsets, GemmKind.VARLEN_M_NT_BF16)
+
+  def dw1(self, x, dh, plan):
+    offs = plan.group_offsets
+    xg = ops.gather_rows(x, plan.gather_idx, offs)
+    return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_F32)

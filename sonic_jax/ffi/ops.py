@@ -1,0 +1,97 @@
+"""Thin jax.ffi.ffi_call wrappers around the CUDA kernels (csrc/ffi_handlers.cu).
+
+Every op takes ``group_offsets`` (E+1,) int32 and reads the live row count on the device, so
+they are jit- and CUDA-graph friendly; rows from ``group_offsets[E]`` on are left unwritten.
+bf16 operands, fp32 accumulation. Shape rules are checked by FfiKernels.validate and again in C++.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sonic_jax.ffi import _lib
+
+_BF16, _F32 = jnp.bfloat16, jnp.float32
+
+
+class GemmKind(enum.IntEnum):
+  """Matches sonic::GemmKind in csrc/sonic_ffi.h."""
+  VARLEN_M_NN_F32 = 0   # D[rows_e] = A[rows_e] · B_e, B_e (K, N)
+  VARLEN_M_NN_BF16 = 1
+  VARLEN_M_NT_F32 = 2   # D[rows_e] = A[rows_e] · B_eᵀ, B_e (N, K)
+  VARLEN_M_NT_BF16 = 3
+  VARLEN_K_F32 = 4      # D_e = A[rows_e]ᵀ · B[rows_e]
+
+
+def _call(name, result_shapes, *args, **attrs):
+  _lib.library()  # loads the library and registers the targets on first use
+  return jax.ffi.ffi_call(name, result_shapes)(*args, **attrs)
+
+
+def gather_rows(src: jax.Array, idx: jax.Array, group_offsets: jax.Array) -> jax.Array:
+  """src (T, c) bf16, idx (P,) -> (P, c): row p = src[idx[p]] for p < group_offsets[-1]."""
+  out = jax.ShapeDtypeStruct((idx.shape[0], src.shape[1]), src.dtype)
+  return _call("sonic_jax_gather_rows", out, src, idx.astype(jnp.int32),
+               group_offsets.astype(jnp.int32))
+
+
+def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: GemmKind
+                 ) -> jax.Array:
+  """Grouped GEMM of kind ``kind``.
+
+  varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT] -> (P, N).
+  varlen-K: a (P, M), b (P, N) -> (E, M, N) fp32.
+  """
+  kind = GemmKind(kind)
+  num_groups = group_offsets.shape[0] - 1
+  if kind == GemmKind.VARLEN_K_F32:
+    out_shape = (num_groups, a.shape[1], b.shape[1])
+  elif kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NN_BF16):
+    out_shape = (a.shape[0], b.shape[2])
+  else:
+    out_shape = (a.shape[0], b.shape[1])
+  out_dtype = _F32 if kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NT_F32,
+                               GemmKind.VARLEN_K_F32) else _BF16
+  ws = _lib.gemm_workspace_bytes(int(kind), num_groups)
+  out, _ = _call("sonic_jax_grouped_gemm",
+                 (jax.ShapeDtypeStruct(out_shape, out_dtype),
+                  jax.ShapeDtypeStruct((ws,), jnp.uint8)),
+                 a, b, group_offsets.astype(jnp.int32), kind=np.int32(int(kind)))
+  return out
+
+
+def swiglu(acc: jax.Array, group_offsets: jax.Array, *, write_h: bool = True
+           ) -> tuple[jax.Array | None, jax.Array]:
+  """acc (P, 2n) fp32 -> (H (P, 2n) bf16 or None, A = silu(gate)·up (P, n) bf16)."""
+  p, two_n = acc.shape
+  offs = group_offsets.astype(jnp.int32)
+  a_shape = jax.ShapeDtypeStruct((p, two_n // 2), _BF16)
+  if write_h:
+    h, a = _call("sonic_jax_swiglu_ha", (jax.ShapeDtypeStruct((p, two_n), _BF16), a_shape),
+                 acc, offs)
+    return h, a
+  return None, _call("sonic_jax_swiglu_a", a_shape, acc, offs)
+
+
+def dswiglu(da: jax.Array, h: jax.Array, s: jax.Array, group_offsets: jax.Array
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32 -> dH (P, 2n), A' (P, n) bf16, dS (P,) fp32."""
+  p, n = da.shape
+  return _call("sonic_jax_dswiglu",
+               (jax.ShapeDtypeStruct((p, 2 * n), _BF16), jax.ShapeDtypeStruct((p, n), _BF16),
+                jax.ShapeDtypeStruct((p,), _F32)),
+               da, h, s.astype(_F32), group_offsets.astype(jnp.int32))
+
+
+def combine(y: jax.Array, token_offsets: jax.Array, reverse_idx: jax.Array,
+            scores: jax.Array | None, num_tokens: int) -> jax.Array:
+  """out[t] = Σ_{j in token t} s_j · y[reverse_idx[j]] -> (T, c) bf16 (fp32 accumulation)."""
+  out = jax.ShapeDtypeStruct((num_tokens, y.shape[1]), _BF16)
+  args = (y, token_offsets.astype(jnp.int32), reverse_idx.astype(jnp.int32))
+  if scores is None:
+    return _call("sonic_jax_combine_unweighted", out, *args)
+  return _call("sonic_jax_combine_weighted", out, *args, scores.astype(_F32))

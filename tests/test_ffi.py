@@ -1,0 +1,282 @@
+"""Tests of the ``ffi`` backend (CUTLASS / CUDA kernels through the XLA FFI).
+
+CPU: availability reporting, the BackendUnavailableError path, argument validation, and that the
+Python side agrees with csrc/ (GEMM kinds, handler symbols, CMake switch). GPU (@pytest.mark.gpu):
+every entry point against XlaKernels on several routings, and the whole layer forward+backward.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sonic_jax
+from sonic_jax import ffi
+from sonic_jax.ffi import _lib
+from sonic_jax.ffi.backend import FfiKernels
+from sonic_jax.ffi.ops import GemmKind
+from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits
+from sonic_jax.xla_backend import XlaKernels
+
+CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+
+
+def _on_gpu() -> bool:
+  try:
+    return jax.devices()[0].platform == "gpu"
+  except RuntimeError:
+    return False
+
+
+# ---------------------------------------------------------------- CPU: availability and errors
+
+
+def test_unavailable_reason_names_each_missing_piece():
+  reason = ffi.unavailable_reason()
+  if _lib.find_library() is None:
+    assert reason is not None and "is not built" in reason
+    assert "python -m sonic_jax.ffi.build" in reason
+  if not _on_gpu():
+    assert reason is not None and "no NVIDIA GPU" in reason and "'cpu'" in reason
+    assert not ffi.is_available()
+
+
+def test_unavailable_reason_for_a_bad_library_path(monkeypatch, tmp_path):
+  missing = tmp_path / "nowhere" / _lib.LIBRARY_NAME
+  monkeypatch.setenv(_lib.ENV_LIBRARY, str(missing))
+  _lib._load.cache_clear()
+  try:
+    assert f"{_lib.ENV_LIBRARY}={missing} does not exist" in ffi.unavailable_reason()
+    assert not ffi.is_available()
+  finally:
+    monkeypatch.undo()
+    _lib._load.cache_clear()
+
+
+def test_unavailable_reason_for_a_library_that_fails_to_load(monkeypatch, tmp_path):
+  bogus = tmp_path / _lib.LIBRARY_NAME
+  bogus.write_bytes(b"not an ELF file")
+  monkeypatch.setenv(_lib.ENV_LIBRARY, str(bogus))
+  _lib._load.cache_clear()
+  try:
+    assert "failed to load" in ffi.unavailable_reason()
+  finally:
+    monkeypatch.undo()
+    _lib._load.cache_clear()
+
+
+@pytest.mark.skipif(_on_gpu(), reason="checks the CPU error path")
+def test_moe_backend_ffi_raises_with_the_reason():
+  key = jax.random.key(0)
+  kx, kr, k1, k2 = jax.random.split(key, 4)
+  t, d, n, e = 16, 32, 16, 4
+  x = jax.random.normal(kx, (t, d), jnp.bfloat16)
+  router_w = jax.random.normal(kr, (d, e), jnp.float32).astype(jnp.bfloat16)
+  w1 = jax.random.normal(k1, (e, d, 2 * n), jnp.bfloat16)
+  w2 = jax.random.normal(k2, (e, n, d), jnp.bfloat16)
+  reason = ffi.unavailable_reason()
+  with pytest.raises(sonic_jax.BackendUnavailableError) as info:
+    sonic_jax.moe(x, router_w, w1, w2, top_k=2, backend="ffi")
+  assert "backend='ffi' is not available" in str(info.value)
+  assert reason in str(info.value)
+  assert "ffi" not in sonic_jax.available_backends()
+
+
+def _plan(t=16, e=4, k=2):
+  logits = jax.random.normal(jax.random.key(1), (t, e), jnp.float32)
+  return route_logits(logits, top_k=k)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(dtype=jnp.float32), "needs bf16 operands: x has dtype float32"),
+    (dict(d=12), "d \\(x.shape\\[1\\]\\) to be a multiple of 8, got 12"),
+    (dict(n=12), "n \\(w2.shape\\[1\\]\\) to be a multiple of 8, got 12"),
+])
+def test_validate_rejects_what_the_kernels_cannot_tile(bad, match):
+  d, n, e = bad.get("d", 32), bad.get("n", 16), 4
+  x = jnp.zeros((16, d), bad.get("dtype", jnp.bfloat16))
+  w1 = jnp.zeros((e, d, 2 * n), jnp.bfloat16)
+  w2 = jnp.zeros((e, n, d), jnp.bfloat16)
+  with pytest.raises(ValueError, match=match):
+    FfiKernels().validate(x, _plan(e=e), w1, w2)
+
+
+def test_validate_accepts_aligned_bf16():
+  x = jnp.zeros((16, 32), jnp.bfloat16)
+  FfiKernels().validate(x, _plan(), jnp.zeros((4, 32, 32), jnp.bfloat16),
+                        jnp.zeros((4, 16, 32), jnp.bfloat16))
+
+
+def test_gemm_kinds_match_the_header():
+  text = (CSRC / "sonic_ffi.h").read_text()
+  enum = dict(re.findall(r"\bk(VarlenM\w+|VarlenK\w+) = (\d+)", text))
+  want = {"VarlenMNNF32": GemmKind.VARLEN_M_NN_F32, "VarlenMNNBf16": GemmKind.VARLEN_M_NN_BF16,
+          "VarlenMNTF32": GemmKind.VARLEN_M_NT_F32, "VarlenMNTBf16": GemmKind.VARLEN_M_NT_BF16,
+          "VarlenKF32": GemmKind.VARLEN_K_F32}
+  assert {k: int(v) for k, v in enum.items()} == {k: int(v) for k, v in want.items()}
+
+
+def test_registered_symbols_exist_in_the_handlers():
+  text = (CSRC / "ffi_handlers.cu").read_text()
+  defined = set(re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((\w+),", text))
+  assert set(_lib.TARGETS.values()) == defined
+  assert f"sonic_jax_abi_version() {{ return {_lib.ABI_VERSION}; }}" in text
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_cmake_switch_off_is_a_pure_python_configure(tmp_path):
+  out = subprocess.run(["cmake", "-S", str(CSRC), "-B", str(tmp_path), "-DSONIC_JAX_CUDA=OFF"],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  assert "pure-Python install" in out.stdout
+  assert "Looking for a CUDA compiler" not in out.stdout  # OFF never probes for nvcc
+
+
+# ---------------------------------------------------------------- GPU: against the xla backend
+
+
+def _rel(a, b, rows=None) -> float:
+  a = np.asarray(jnp.asarray(a, jnp.float32))
+  b = np.asarray(jnp.asarray(b, jnp.float32))
+  if rows is not None:
+    a, b = a[rows], b[rows]
+  assert np.all(np.isfinite(a)), "non-finite values in the ffi result"
+  assert np.all(np.isfinite(b)), "non-finite values in the reference"
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _plans(t, e):
+  """Routings covering the edge cases the kernels must handle."""
+  key = jax.random.key(7)
+  plans = {"topk": route_logits(jax.random.normal(key, (t, e)), top_k=2)}
+  # Only experts {0, 3, e-2} get tokens (the others are empty); E is not a power of two.
+  allowed = np.array([0, 3, e - 2])
+  rng = np.random.default_rng(0)
+  picks = np.stack([rng.choice(allowed, 2, replace=False) for _ in range(t)])
+  plans["empty_experts"] = RoutingPlan.from_assignments(
+      jnp.repeat(jnp.arange(t), 2), jnp.asarray(picks.reshape(-1)),
+      jnp.asarray(rng.uniform(0.1, 1.0, 2 * t), jnp.float32), num_tokens=t, num_experts=e,
+      top_k=2)
+  plans["one_expert"] = RoutingPlan.from_assignments(
+      jnp.arange(t), jnp.full((t,), 1), jnp.asarray(rng.uniform(0.1, 1.0, t), jnp.float32),
+      num_tokens=t, num_experts=e, top_k=1)
+  plans["token_rounding"] = route_logits(jax.random.normal(key, (t, e)), top_k=2,
+                                         routing=TokenRounding(tile=16))
+  return plans
+
+
+T, D, N, E = 640, 256, 128, 7  # E = 7: not a power of two; groups straddle 128-row tiles
+
+
+@pytest.fixture(scope="module")
+def data():
+  ks = jax.random.split(jax.random.key(3), 8)
+  p_max = max(p.capacity for p in _plans(T, E).values())
+  return dict(
+      x=jax.random.normal(ks[0], (T, D), jnp.bfloat16),
+      w1=(jax.random.normal(ks[1], (E, D, 2 * N), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16),
+      w2=(jax.random.normal(ks[2], (E, N, D), jnp.float32) / np.sqrt(N)).astype(jnp.bfloat16),
+      dout=jax.random.normal(ks[3], (T, D), jnp.bfloat16),
+      h=jax.random.normal(ks[4], (p_max, 2 * N), jnp.bfloat16),
+      a=jax.random.normal(ks[5], (p_max, N), jnp.bfloat16),
+      y=jax.random.normal(ks[6], (p_max, D), jnp.bfloat16),
+      dh=jax.random.normal(ks[7], (p_max, 2 * N), jnp.bfloat16),
+  )
+
+
+def _rows(plan):
+  return np.arange(plan.capacity) < int(plan.group_offsets[-1])
+
+
+BF16_TOL, F32_TOL = 1e-2, 1e-3
+ROUTINGS = ["topk", "empty_experts", "one_expert", "token_rounding"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_forward_entry_points_match_xla(routing, data):
+  plan = _plans(T, E)[routing]
+  p = plan.capacity
+  ffi_k, ref = FfiKernels(), XlaKernels()
+  rows = _rows(plan)
+  h, a = jax.jit(ffi_k.up_proj)(data["x"], data["w1"], plan)
+  h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)
+  assert _rel(h, h_ref, rows) < BF16_TOL
+  assert _rel(a, a_ref, rows) < BF16_TOL
+  h_none, a_inf = jax.jit(lambda x, w, pl: ffi_k.up_proj(x, w, pl, inference=True))(
+      data["x"], data["w1"], plan)
+  assert h_none is None and _rel(a_inf, a_ref, rows) < BF16_TOL
+  y = jax.jit(ffi_k.down_proj)(data["a"][:p], data["w2"], plan)
+  assert _rel(y, ref.down_proj(data["a"][:p], data["w2"], plan), rows) < BF16_TOL
+  for scores in (plan.scores, None):
+    out = jax.jit(ffi_k.combine, static_argnums=3)(data["y"][:p], plan, scores, jnp.bfloat16)
+    want = ref.combine(data["y"][:p], plan, scores, jnp.bfloat16)
+    assert _rel(out, want) < BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_backward_entry_points_match_xla(routing, data):
+  plan = _plans(T, E)[routing]
+  p = plan.capacity
+  ffi_k, ref = FfiKernels(), XlaKernels()
+  rows = _rows(plan)
+  s = plan.grouped_scores()
+  h = data["h"][:p]
+  dh, a_prime, ds = jax.jit(ffi_k.dh)(data["dout"], data["w2"], h, s, plan)
+  dh_r, a_prime_r, ds_r = ref.dh(data["dout"], data["w2"], h, s, plan)
+  assert _rel(dh, dh_r, rows) < BF16_TOL
+  assert _rel(a_prime, a_prime_r, rows) < BF16_TOL
+  assert _rel(ds, ds_r, rows) < F32_TOL
+  dw2 = jax.jit(ffi_k.dw2)(data["dout"], a_prime_r, plan)
+  dw2_r = ref.dw2(data["dout"], a_prime_r, plan)
+  assert dw2.shape == (E, N, D) and _rel(dw2, dw2_r) < F32_TOL
+  dx = jax.jit(ffi_k.dx_pairs)(data["dh"][:p], data["w1"], plan)
+  assert _rel(dx, ref.dx_pairs(data["dh"][:p], data["w1"], plan), rows) < BF16_TOL
+  dw1 = jax.jit(ffi_k.dw1)(data["x"], data["dh"][:p], plan)
+  dw1_r = ref.dw1(data["x"], data["dh"][:p], plan)
+  assert dw1.shape == (E, D, 2 * N) and _rel(dw1, dw1_r) < F32_TOL
+  empty = np.asarray(plan.group_sizes) == 0
+  if empty.any():  # varlen-K with K = 0 must write zeros, not leave garbage
+    assert np.all(np.asarray(dw1)[empty] == 0) and np.all(np.asarray(dw2)[empty] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["topk", "token_rounding"])
+def test_layer_forward_backward_matches_xla(routing):
+  t, d, n, e, k = 1024, 512, 256, 12, 4
+  ks = jax.random.split(jax.random.key(11), 5)
+  x = jax.random.normal(ks[0], (t, d), jnp.bfloat16)
+  router_w = (jax.random.normal(ks[1], (d, e)) / np.sqrt(d)).astype(jnp.bfloat16)
+  w1 = (jax.random.normal(ks[2], (e, d, 2 * n)) / np.sqrt(d)).astype(jnp.bfloat16)
+  w2 = (jax.random.normal(ks[3], (e, n, d)) / np.sqrt(n)).astype(jnp.bfloat16)
+  cot = jax.random.normal(ks[4], (t, d), jnp.bfloat16)
+  rt = "topk" if routing == "topk" else TokenRounding(tile=64)
+
+  def loss(backend, x, router_w, w1, w2):
+    out = sonic_jax.moe(x, router_w, w1, w2, top_k=k, routing=rt, backend=backend)
+    return jnp.sum(out.astype(jnp.float32) * cot.astype(jnp.float32)), out
+
+  results = {}
+  for backend in ("ffi", "xla"):
+    f = jax.jit(jax.value_and_grad(lambda *a, b=backend: loss(b, *a), argnums=(0, 1, 2, 3),
+                                   has_aux=True))
+    results[backend] = f(x, router_w, w1, w2)
+  (_, out), grads = results["ffi"]
+  (_, out_r), grads_r = results["xla"]
+  assert _rel(out, out_r) < BF16_TOL
+  for name, g, g_r in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_r):
+    assert _rel(g, g_r) < 2 * BF16_TOL, name
+
+
+@pytest.mark.gpu
+def test_library_reports_available_on_hopper():
+  assert ffi.unavailable_reason() is None
+  assert sonic_jax.resolve_backend("ffi").name == "ffi"
