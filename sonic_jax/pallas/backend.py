@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from sonic_jax.kernels import ExpertKernels
+from sonic_jax.pallas import configs as cfg_lib
+from sonic_jax.pallas.tiles import make_tile_metadata
+
+_OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def unavailable_reason(interpret: bool = False) -> str | None:
@@ -26,15 +31,109 @@ def unavailable_reason(interpret: bool = False) -> str | None:
 
 
 class PallasKernels(ExpertKernels):
-  """Mosaic GPU grouped GEMMs; ``interpret=True`` runs them in the GPU interpreter on a CPU."""
+  """Mosaic GPU grouped GEMMs; ``interpret=True`` runs them in the GPU interpreter on a CPU.
+
+  config: optional ``configs.ForwardConfig`` overriding the per-shape heuristic of the forward
+  kernels (e.g. ``GemmConfig(gather="fused")`` for the in-kernel gather of up_proj).
+  """
 
   name = "pallas"
 
-  def __init__(self, interpret: bool = False):
+  def __init__(self, interpret: bool = False, config: cfg_lib.ForwardConfig | None = None):
     self.interpret = interpret
+    self.config = config or cfg_lib.ForwardConfig()
 
   def __hash__(self):
-    return hash((type(self), self.interpret))
+    return hash((type(self), self.interpret, self.config))
 
   def __eq__(self, other):
-    return type(other) is type(self) and other.interpret == self.interpret
+    return (type(other) is type(self) and other.interpret == self.interpret
+            and other.config == self.config)
+
+  # ------------------------------------------------------------------------------- configs
+  def _up_config(self, d, n):
+    return self.config.up_proj or cfg_lib.swiglu_gemm_config(d, n)
+
+  def _down_config(self, n, d):
+    return self.config.down_proj or cfg_lib.plain_gemm_config(n, d)
+
+  def _dx_config(self, two_n, d):
+    return self.config.dx_pairs or cfg_lib.plain_gemm_config(two_n, d)
+
+  def _combine_config(self, d):
+    return self.config.combine or cfg_lib.combine_config(d)
+
+  def validate(self, x, plan, w1, w2) -> None:
+    """Raises ValueError (naming the argument and the rule) for shapes these kernels cannot tile."""
+    from sonic_jax.pallas import grouped_gemm as gg
+    from sonic_jax.pallas import combine as cb
+    for name, a in (("x", x), ("w1", w1), ("w2", w2)):
+      if jnp.dtype(a.dtype) not in _OPERAND_DTYPES:
+        raise ValueError(f"{name} must be bfloat16 or float16 for backend='pallas', got {a.dtype}")
+    if not x.dtype == w1.dtype == w2.dtype:
+      raise ValueError(f"x, w1 and w2 must share a dtype for backend='pallas', got {x.dtype}, "
+                       f"{w1.dtype}, {w2.dtype}")
+    d = x.shape[1]
+    n = w2.shape[1]
+    if d % 32:
+      raise ValueError(f"x.shape[1] (d = {d}) must be a multiple of 32 for backend='pallas'")
+    if n % 32:
+      raise ValueError(f"w2.shape[1] (n = {n}) must be a multiple of 32 for backend='pallas'")
+    if w1.shape[1:] != (d, 2 * n):
+      raise ValueError(f"w1 must have shape (E, d, 2n) = (E, {d}, {2 * n}), got {w1.shape}")
+    if w2.shape[2] != d:
+      raise ValueError(f"w2 must have shape (E, n, d) with d = {d}, got {w2.shape}")
+    try:
+      gg.validate_gemm(plan.capacity, d, n, self._up_config(d, n), epilogue="swiglu",
+                       what="up_proj (x · w1)")
+      gg.validate_gemm(plan.capacity, n, d, self._down_config(n, d), epilogue="none",
+                       what="down_proj (A · w2)")
+      gg.validate_gemm(plan.capacity, 2 * n, d, self._dx_config(2 * n, d), epilogue="none",
+                       what="dx_pairs (dH · w1ᵀ)")
+      cb.validate_combine(d, self._combine_config(d))
+    except ValueError as e:
+      raise ValueError(f"x/w1/w2 shapes (d = {d}, n = {n}) cannot be tiled: {e}") from None
+
+  def _tiles(self, plan, block_m):
+    return make_tile_metadata(plan.group_sizes, plan.group_offsets, block_m=block_m,
+                              capacity=plan.capacity)
+
+  # ---------------------------------------------------------------------------- forward
+  def up_proj(self, x, w1, plan, *, inference=False):
+    from sonic_jax.pallas.grouped_gemm import grouped_gemm
+    d, n = x.shape[1], w1.shape[2] // 2
+    config = self._up_config(d, n)
+    return grouped_gemm(x, w1, self._tiles(plan, config.block_m), num_rows=plan.capacity,
+                        gather_idx=plan.gather_idx, epilogue="swiglu", inference=inference,
+                        config=config, interpret=self.interpret)
+
+  def down_proj(self, a, w2, plan):
+    from sonic_jax.pallas.grouped_gemm import grouped_gemm
+    config = self._down_config(a.shape[1], w2.shape[2])
+    return grouped_gemm(a, w2, self._tiles(plan, config.block_m), num_rows=plan.capacity,
+                        config=config, interpret=self.interpret)
+
+  def combine(self, y, plan, scores, out_dtype):
+    from sonic_jax.pallas.combine import combine
+    return combine(y, plan, scores, out_dtype, config=self._combine_config(y.shape[1]),
+                   interpret=self.interpret)
+
+  def dx_pairs(self, dh, w1, plan):
+    from sonic_jax.pallas.grouped_gemm import grouped_gemm
+    config = self._dx_config(dh.shape[1], w1.shape[1])
+    # w1 (E, d, 2n) is the (E, N, k) transposed rhs of dH (P, 2n) · w1[e]ᵀ.
+    return grouped_gemm(dh, w1, self._tiles(plan, config.block_m), num_rows=plan.capacity,
+                        transpose_rhs=True, config=config, interpret=self.interpret)
+
+  # --------------------------------------------------------------------------- backward
+  def dh(self, dout, w2, h, scores_grouped, plan):
+    from sonic_jax.pallas.dh import dh
+    return dh(dout, w2, h, scores_grouped, plan, interpret=self.interpret)
+
+  def dw2(self, dout, a_prime, plan):
+    from sonic_jax.pallas.wgrad import dw2
+    return dw2(dout, a_prime, plan, interpret=self.interpret)
+
+  def dw1(self, x, dh, plan):
+    from sonic_jax.pallas.wgrad import dw1
+    return dw1(x, dh, plan, interpret=self.interpret)

@@ -4,15 +4,15 @@ Heuristic table (bf16, H200; see docs/pallas-forward.md for the measurements beh
 
 | GEMM | condition | block_m x block_n x block_k | stages | warpgroups | tile width |
 | --- | --- | --- | --- | --- | --- |
-| plain (down_proj, dx_pairs) | N % 256 == 0 | 128 x 128 x 64 | 4 | 2 consumers + 1 TMA | 8 |
+| plain (down_proj, dx_pairs) | N % 256 == 0 | 128 x 128 x 64 | 3 | 2 consumers + 1 TMA | 8 |
 | plain | N % 128 == 0 | 128 x 128 x 64 | 5 | 1 | 8 |
 | plain | otherwise | 128 x 64 x 64 | 5 | 1 | 8 |
-| SwiGLU (up_proj; gate+up = 2 accumulators) | n % 128 == 0 | 128 x 64 (x2) x 64 | 4 | 2 consumers + 1 TMA | 8 |
+| SwiGLU (up_proj; gate+up = 2 accumulators) | n % 128 == 0 | 128 x 64 (x2) x 64 | 3 | 2 consumers + 1 TMA | 8 |
 | SwiGLU | n % 64 == 0 | 128 x 64 (x2) x 64 | 4 | 1 | 8 |
 | SwiGLU | otherwise | 128 x 32 (x2) x 64 | 4 | 1 | 8 |
 | combine | d % 256 == 0 | 64 tokens x 256 columns | 4-slot ring | 1 | - |
 
-``block_k`` drops to 32 when the contraction dim is not a multiple of 64. The rules only pick
+Stage counts keep one CTA's SMEM (ring + epilogue tiles) under 220 KiB. ``block_k`` drops to 32 when the contraction dim is not a multiple of 64. The rules only pick
 among configs that tile the shape; ``backend.PallasKernels.validate`` rejects shapes none tiles.
 ``autotune`` (optional) times candidate configs on the current GPU and caches the winner as JSON.
 """
@@ -108,7 +108,7 @@ def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmConf
   """Heuristic for a grouped GEMM (P, k) x (k, n) without epilogue (down_proj, dx_pairs)."""
   bk = _block_k(k)
   if n % 256 == 0:
-    return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=4,
+    return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=3,
                       grid_tile_width=8, num_compute_wgs=2, gather=gather)
   if n % 128 == 0:
     return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=5,
@@ -125,7 +125,7 @@ def swiglu_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmCon
     return GemmConfig(block_m=128, block_n=64 if n % 64 == 0 else 32, block_k=bk,
                       max_concurrent_steps=3, grid_tile_width=8, gather=gather)
   if n % 128 == 0:
-    return GemmConfig(block_m=128, block_n=64, block_k=bk, max_concurrent_steps=4,
+    return GemmConfig(block_m=128, block_n=64, block_k=bk, max_concurrent_steps=3,
                       grid_tile_width=8, num_compute_wgs=2, gather=gather)
   bn = 64 if n % 64 == 0 else 32 if n % 32 == 0 else 8
   return GemmConfig(block_m=128, block_n=bn, block_k=bk, max_concurrent_steps=4,

@@ -68,10 +68,35 @@ def _swiglu_f32(g, u):
   return g / (1.0 + jnp.exp(-g)) * u
 
 
+def epilogue_tiles(swiglu: bool, inference: bool) -> int:
+  return 2 if swiglu and not inference else 1
+
+
+def smem_bytes(config: GemmConfig, *, epilogue: Epilogue, inference: bool = False,
+               itemsize: int = 2) -> int:
+  """Static SMEM footprint of one CTA (pipeline ring + epilogue tiles), in bytes."""
+  swiglu = epilogue == "swiglu"
+  bm, bn, bk, wgs = config.block_m, config.block_n, config.block_k, config.num_compute_wgs
+  n_b = 2 if swiglu else 1
+  stage = (bm * bk + n_b * bk * bn * wgs) * itemsize
+  epi = wgs * epilogue_tiles(swiglu, inference) * bm * bn * itemsize
+  if config.gather == "fused":  # staging ring + b ring, then a wgmma-ready A tile
+    return config.max_concurrent_steps * stage + bm * bk * itemsize + epi
+  ring = config.max_concurrent_steps * stage
+  # One warpgroup: the pipeline's ring is freed before the epilogue tiles are allocated.
+  return ring + epi if wgs > 1 else max(ring, epi)
+
+
+SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for barriers
+
+
 def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogue: Epilogue,
                   what: str) -> None:
   """Raises ValueError when (k, n_out) cannot be tiled by ``config``. ``what`` names the GEMM."""
   bn_cta = config.block_n * config.num_compute_wgs
+  if smem_bytes(config, epilogue=epilogue) > SMEM_LIMIT:
+    raise ValueError(f"{what}: config {config} needs {smem_bytes(config, epilogue=epilogue)} "
+                     f"bytes of SMEM, more than {SMEM_LIMIT}")
   if k % config.block_k:
     raise ValueError(f"{what}: the contraction dim ({k}) must be a multiple of block_k "
                      f"({config.block_k})")
@@ -156,8 +181,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   else:
     out_cols = [n_total]
   out_type = [jax.ShapeDtypeStruct((out_rows, c), dtype) for c in out_cols]
-  # SMEM epilogue buffers per compute warpgroup: swiglu stores gate, up and A tiles.
-  n_epi = (3 if not inference else 1) if swiglu else 1
+  # SMEM epilogue tiles per compute warpgroup (SwiGLU training: gate and up, then A).
+  n_epi = epilogue_tiles(swiglu, inference)
   num_accs = 2 if swiglu else 1
   max_store_rows = min(bm, out_rows)
 
@@ -182,21 +207,26 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     """accs: fp32 values (bm, bn) of this warpgroup; writes its column slice of each output."""
     col = ni * bn_cta + wg * bn
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's stores left epi_smem
+    def flush(items):
+      for j, (v, _, _) in enumerate(items):
+        epi_smem[j] = v.astype(dtype)
+      plgpu.commit_smem()
+      for j, (_, ref, c0) in enumerate(items):
+        _ragged_store(epi_smem.at[j], ref.at[:, pl.ds(c0, bn)], off=off, rows=rows,
+                      dst_row=row_start, max_rows=max_store_rows)
+
     if swiglu:
       g, u = accs
       a = _swiglu_f32(g, u)
       if inference:
-        vals = [(a, out_refs[0], col)]
+        flush([(a, out_refs[0], col)])
       else:
-        vals = [(g, out_refs[0], col), (u, out_refs[0], n_out + col), (a, out_refs[1], col)]
+        # Two SMEM tiles: H gate and H up first, then A reuses the first once TMA has read it.
+        flush([(g, out_refs[0], col), (u, out_refs[0], n_out + col)])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        flush([(a, out_refs[1], col)])
     else:
-      vals = [(accs[0], out_refs[0], col)]
-    for j, (v, _, _) in enumerate(vals):
-      epi_smem[j] = v.astype(dtype)
-    plgpu.commit_smem()
-    for j, (_, ref, c0) in enumerate(vals):
-      _ragged_store(epi_smem.at[j], ref.at[:, pl.ds(c0, bn)], off=off, rows=rows,
-                    dst_row=row_start, max_rows=max_store_rows)
+      flush([(accs[0], out_refs[0], col)])
     plgpu.commit_smem_to_gmem_group()
 
   def wgmma_step(accs, a_smem, b_smems, wg_slice):

@@ -1,0 +1,281 @@
+"""Pallas forward kernels (up_proj, down_proj, combine, dx_pairs) against the xla backend.
+
+CPU tests run the Mosaic GPU kernels in the GPU interpreter at tiny shapes (block_m = 64, two
+"SMs"): empty experts, one expert taking every token, groups straddling tiles, E not a power of
+two, T·K not a multiple of the tile, fewer pairs than one tile, token-rounding plans with padding
+rows. H, A and Y are checked separately (each kernel gets the xla backend's input, so errors do
+not compound) with relative Frobenius errors; NaN never passes. ``@pytest.mark.gpu`` tests run
+the lowered kernels at real sizes (skipped without a Hopper GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from sonic_jax.pallas.backend import PallasKernels
+from sonic_jax.pallas.configs import CombineConfig, ForwardConfig, GemmConfig
+from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits
+from sonic_jax.xla_backend import XlaKernels
+
+XLA = XlaKernels()
+BF16_TOL = 8e-3  # bf16 outputs round at 2^-9 relative
+# One 64-wide k step and one column block per tile keep the interpreter fast; the multi-step
+# k pipeline and several column blocks are covered by the warp-specialized and dx tests.
+_SMALL = dict(block_m=64, block_k=64, max_concurrent_steps=2, grid_tile_width=2, num_sms=2)
+CPU_CFG = ForwardConfig(
+    up_proj=GemmConfig(block_n=64, **_SMALL),
+    down_proj=GemmConfig(block_n=64, **_SMALL),
+    dx_pairs=GemmConfig(block_n=32, **dict(_SMALL, block_k=32)),
+    combine=CombineConfig(block_d=64, slots=2, num_sms=2))
+PALLAS = PallasKernels(interpret=True, config=CPU_CFG)
+
+
+def _rel(a, b) -> float:
+  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+  b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+  if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+    return float("inf")
+  denom = np.linalg.norm(b)
+  assert denom > 0, "all-zero reference"
+  return float(np.linalg.norm(a - b) / denom)
+
+
+def topk_plan(num_tokens: int, num_experts: int, top_k: int, *, weights=None,
+              first_choice: int | None = None, seed: int = 0) -> RoutingPlan:
+  """Top-K plan with distinct experts per token drawn with probabilities ``weights``.
+
+  first_choice: every token's first expert (then one expert takes all tokens).
+  """
+  rng = np.random.default_rng(seed)
+  p = np.ones(num_experts) if weights is None else np.asarray(weights, np.float64)
+  experts = np.zeros((num_tokens, top_k), np.int32)
+  for t in range(num_tokens):
+    if first_choice is None:
+      experts[t] = rng.choice(num_experts, top_k, replace=False, p=p / p.sum())
+    else:
+      q = p.copy()
+      q[first_choice] = 0
+      experts[t, 0] = first_choice
+      experts[t, 1:] = rng.choice(num_experts, top_k - 1, replace=False, p=q / q.sum())
+  scores = rng.random((num_tokens, top_k)).astype(np.float32) + 0.1
+  scores /= scores.sum(1, keepdims=True)
+  return RoutingPlan.from_assignments(
+      jnp.repeat(jnp.arange(num_tokens, dtype=jnp.int32), top_k), jnp.asarray(experts.ravel()),
+      jnp.asarray(scores.ravel()), num_tokens=num_tokens, num_experts=num_experts, top_k=top_k)
+
+
+def weights(num_experts: int, d: int, n: int, seed: int = 1, dtype=jnp.bfloat16):
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  w1 = jax.random.normal(k1, (num_experts, d, 2 * n), jnp.float32) / np.sqrt(d)
+  w2 = jax.random.normal(k2, (num_experts, n, d), jnp.float32) / np.sqrt(n)
+  return w1.astype(dtype), w2.astype(dtype)
+
+
+def tokens(num_tokens: int, d: int, seed: int = 2, dtype=jnp.bfloat16):
+  return jax.random.normal(jax.random.key(seed), (num_tokens, d), jnp.float32).astype(dtype)
+
+
+# (name, T, E, K, plan kwargs): every case has groups that straddle 64-row tiles.
+CASES = {
+    # E = 5 (not a power of two); T·K = 111 is not a multiple of the tile.
+    "straddle_e5": (37, 5, 3, {}),
+    # Experts 1 and 4 never chosen: empty groups between non-empty ones.
+    "empty_experts": (40, 6, 2, dict(weights=[1, 0, 1, 1, 0, 1])),
+    # Expert 2 is every token's first choice: one group of T = 70 rows spans two tiles.
+    "one_expert_all_tokens": (70, 3, 2, dict(first_choice=2)),
+    # Fewer pairs (20) than one tile.
+    "fewer_pairs_than_tile": (10, 7, 2, {}),
+}
+
+
+def _case(name):
+  t, e, k, kw = CASES[name]
+  return topk_plan(t, e, k, **kw)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_up_proj_matches_xla(name):
+  plan = _case(name)
+  d, n = 64, 64
+  x = tokens(plan.num_tokens, d)
+  w1, _ = weights(plan.num_experts, d, n)
+  h, a = jax.jit(PALLAS.up_proj)(x, w1, plan)
+  h_ref, a_ref = XLA.up_proj(x, w1, plan)
+  if name == "straddle_e5":  # the inference flag writes only A
+    h_none, a_inf = PALLAS.up_proj(x, w1, plan, inference=True)
+    assert h_none is None and _rel(a_inf, a_ref) < BF16_TOL
+  assert h.shape == h_ref.shape and a.shape == a_ref.shape
+  assert h.dtype == jnp.bfloat16 and a.dtype == jnp.bfloat16
+  assert _rel(h, h_ref) < BF16_TOL
+  assert _rel(a, a_ref) < BF16_TOL
+  # Against an f64 reference too: the xla backend is not the only judge.
+  xg = np.asarray(x, np.float64)[np.asarray(plan.gather_idx)]
+  w = np.asarray(w1.astype(jnp.float32), np.float64)
+  e_of_row = np.repeat(np.arange(plan.num_experts), np.asarray(plan.group_sizes))
+  h64 = np.einsum("pd,pdm->pm", xg, w[e_of_row])
+  assert _rel(h, h64) < BF16_TOL
+
+
+@pytest.mark.parametrize("name", ["straddle_e5", "empty_experts", "one_expert_all_tokens",
+                                  "fewer_pairs_than_tile"])
+def test_down_proj_matches_xla(name):
+  plan = _case(name)
+  d, n = 64, 64
+  _, w2 = weights(plan.num_experts, d, n)
+  a = tokens(plan.capacity, n, seed=3)
+  y = jax.jit(PALLAS.down_proj)(a, w2, plan)
+  assert y.shape == (plan.capacity, d) and y.dtype == jnp.bfloat16
+  assert _rel(y, XLA.down_proj(a, w2, plan)) < BF16_TOL
+
+
+@pytest.mark.parametrize("name", ["straddle_e5", "empty_experts"])
+def test_dx_pairs_matches_xla(name):
+  plan = _case(name)
+  d, n = 64, 32
+  w1, _ = weights(plan.num_experts, d, n)
+  dh = tokens(plan.capacity, 2 * n, seed=4)
+  dx = PALLAS.dx_pairs(dh, w1, plan)
+  assert dx.shape == (plan.capacity, d)
+  assert _rel(dx, XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_combine_matches_xla(weighted):
+  # T = 70: two 64-token blocks, the second shifted back to overlap the first.
+  plan = _case("one_expert_all_tokens")
+  y = tokens(plan.capacity, 64, seed=5)
+  scores = plan.scores if weighted else None
+  out = PALLAS.combine(y, plan, scores, jnp.float32)
+  ref = XLA.combine(y, plan, scores, jnp.float32)
+  assert out.shape == (plan.num_tokens, 64) and out.dtype == jnp.float32
+  assert _rel(out, ref) < 1e-5  # fp32 accumulation of the same bf16 rows
+
+
+def test_combine_fewer_tokens_than_block_bf16_out():
+  plan = _case("fewer_pairs_than_tile")
+  y = tokens(plan.capacity, 64, seed=6)
+  out = PALLAS.combine(y, plan, plan.scores, jnp.bfloat16)
+  assert out.dtype == jnp.bfloat16
+  assert _rel(out, XLA.combine(y, plan, plan.scores, jnp.bfloat16)) < BF16_TOL
+
+
+def test_token_rounding_plan_padding_rows():
+  """Capacity > pairs: padding rows are neither needed nor allowed to poison valid rows."""
+  logits = jax.random.normal(jax.random.key(7), (40, 5))
+  plan = route_logits(logits, top_k=2, routing=TokenRounding(tile=16, mode="up"))
+  valid = int(plan.num_pairs)
+  assert valid < plan.capacity and plan.top_k is None
+  d, n = 64, 32
+  x = tokens(plan.num_tokens, d)
+  w1, w2 = weights(plan.num_experts, d, n)
+  h, a = PALLAS.up_proj(x, w1, plan)
+  h_ref, a_ref = XLA.up_proj(x, w1, plan)
+  assert _rel(h[:valid], h_ref[:valid]) < BF16_TOL
+  assert _rel(a[:valid], a_ref[:valid]) < BF16_TOL
+  # NaN in the padding rows of A must not reach the valid rows of Y.
+  a_nan = a_ref.at[valid:].set(jnp.nan)
+  y = PALLAS.down_proj(a_nan, w2, plan)
+  assert _rel(y[:valid], XLA.down_proj(a_ref, w2, plan)[:valid]) < BF16_TOL
+  y_ref = XLA.down_proj(a_ref, w2, plan)
+  out = PALLAS.combine(y_ref, plan, plan.scores, jnp.float32)
+  assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
+
+
+def test_warp_specialized_variant_matches_xla():
+  """Producer warpgroup + two consumer warpgroups (num_compute_wgs=2)."""
+  ws = dict(_SMALL, num_compute_wgs=2, block_k=32)
+  kern = PallasKernels(interpret=True, config=ForwardConfig(
+      up_proj=GemmConfig(block_n=32, **ws), down_proj=GemmConfig(block_n=32, **ws)))
+  plan = _case("empty_experts")
+  d, n = 64, 64
+  x = tokens(plan.num_tokens, d)
+  w1, w2 = weights(plan.num_experts, d, n)
+  h, a = kern.up_proj(x, w1, plan)
+  h_ref, a_ref = XLA.up_proj(x, w1, plan)
+  assert _rel(h, h_ref) < BF16_TOL and _rel(a, a_ref) < BF16_TOL
+  assert _rel(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
+
+
+def test_fused_gather_variant_matches_xla():
+  """gather='fused': 1-row TMAs of x rows inside the kernel instead of an XLA gather."""
+  kern = PallasKernels(interpret=True, config=ForwardConfig(up_proj=GemmConfig(
+      block_n=32, gather="fused", **dict(_SMALL, block_k=64))))
+  plan = _case("straddle_e5")
+  d, n = 64, 32
+  x = tokens(plan.num_tokens, d)
+  w1, _ = weights(plan.num_experts, d, n)
+  h, a = kern.up_proj(x, w1, plan)
+  h_ref, a_ref = XLA.up_proj(x, w1, plan)
+  assert _rel(h, h_ref) < BF16_TOL and _rel(a, a_ref) < BF16_TOL
+
+
+def test_validate_rejects_untileable_shapes():
+  plan = _case("straddle_e5")
+  kern = PallasKernels(interpret=True)
+  x = tokens(plan.num_tokens, 64)
+  w1, w2 = weights(plan.num_experts, 64, 64)
+  kern.validate(x, plan, w1, w2)  # accepted
+  x48 = tokens(plan.num_tokens, 48)
+  w1_48, w2_48 = weights(plan.num_experts, 48, 64)
+  with pytest.raises(ValueError, match=r"x.shape\[1\].*multiple of 32"):
+    kern.validate(x48, plan, w1_48, w2_48)
+  w1_n, w2_n = weights(plan.num_experts, 64, 40)
+  with pytest.raises(ValueError, match=r"w2.shape\[1\].*multiple of 32"):
+    kern.validate(x, plan, w1_n, w2_n)
+  with pytest.raises(ValueError, match="x must be bfloat16 or float16"):
+    kern.validate(x.astype(jnp.float32), plan, w1, w2)
+  with pytest.raises(ValueError, match="w1 must have shape"):
+    kern.validate(x, plan, w1[:, :, :64], w2)
+  big = PallasKernels(interpret=True, config=ForwardConfig(
+      down_proj=GemmConfig(block_n=128, num_compute_wgs=2, max_concurrent_steps=2)))
+  with pytest.raises(ValueError, match="down_proj.*multiple of block_n"):
+    big.validate(x, plan, w1, w2)
+  from sonic_jax.pallas.grouped_gemm import validate_gemm
+  with pytest.raises(ValueError, match="SMEM"):
+    validate_gemm(256, 256, 512, GemmConfig(block_n=256, max_concurrent_steps=8,
+                                            num_compute_wgs=2), epilogue="none", what="gemm")
+
+
+def test_config_rejects_bad_fields():
+  with pytest.raises(ValueError, match="block_m"):
+    GemmConfig(block_m=96)
+  with pytest.raises(ValueError, match="gather"):
+    GemmConfig(gather="tma")
+  with pytest.raises(ValueError, match="block_d"):
+    CombineConfig(block_d=300)
+
+
+# ------------------------------------------------------------------------------------- GPU
+GPU_SHAPES = [  # (T, d, n, E, K): a fine-grained and a coarse config, E not a power of two
+    (8192, 1536, 256, 128, 8),
+    (4096, 1024, 1024, 24, 2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize("gather", ["xla", "fused"])
+def test_gpu_forward_matches_xla(shape, gather):
+  t, d, n, e, k = shape
+  logits = jax.random.normal(jax.random.key(0), (t, e))
+  plan = route_logits(logits, top_k=k)
+  x = tokens(t, d)
+  w1, w2 = weights(e, d, n)
+  from sonic_jax.pallas import configs
+  kern = PallasKernels(config=ForwardConfig(up_proj=configs.swiglu_gemm_config(d, n,
+                                                                               gather=gather)))
+  kern.validate(x, plan, w1, w2)
+  h, a = jax.jit(kern.up_proj)(x, w1, plan)
+  h_ref, a_ref = jax.jit(XLA.up_proj)(x, w1, plan)
+  assert _rel(h, h_ref) < BF16_TOL and _rel(a, a_ref) < BF16_TOL
+  y = jax.jit(kern.down_proj)(a_ref, w2, plan)
+  y_ref = jax.jit(XLA.down_proj)(a_ref, w2, plan)
+  assert _rel(y, y_ref) < BF16_TOL
+  out = jax.jit(kern.combine, static_argnums=3)(y_ref, plan, plan.scores, jnp.float32)
+  assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
+  dh = h_ref
+  assert _rel(jax.jit(kern.dx_pairs)(dh, w1, plan), jax.jit(XLA.dx_pairs)(dh, w1, plan)) < BF16_TOL
