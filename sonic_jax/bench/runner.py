@@ -103,22 +103,22 @@ def saved_residual_bytes(layer, args) -> tuple[int | None, list]:
   return total, [s for _, s in items[:4]]
 
 
-def _rel_err(a, b) -> float:
-  a = np.asarray(jax.device_get(a), np.float32)
-  b = np.asarray(jax.device_get(b), np.float32)
-  if not (np.all(np.isfinite(a))):
-    return float("nan")
-  denom = float(np.linalg.norm(b))
-  return float(np.linalg.norm(a - b) / denom) if denom else float(np.linalg.norm(a - b))
-
-
-def check_tokens(cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> int:
-  """Largest T (multiple of 16, at least 16) where the xla reference's temporary fits."""
+def check_config(cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> BenchConfig:
+  """The config the correctness check runs at: the same d, n (and K where possible) with E
+  halved while the weights exceed 1 GiB (never below 2K) and T halved (to a multiple of 16)
+  while the xla reference's densified temporary exceeds --check-budget-gib on a GPU."""
+  e, k = cfg.E, cfg.K
+  while e > max(2 * k, 2) and 3 * e * cfg.d * cfg.n * 2 > 2**30:
+    e = max(e // 2, 2 * k)
+  k = min(k, e)
   t = min(cfg.T, opts.check_max_tokens)
+  small = dataclasses.replace(cfg, T=t, E=e, K=k, paper_tflops=None)
   if on_gpu():
-    while t > 16 and dense_ref_bytes(cfg.scaled(t), spec) > opts.check_budget_gib * 2**30:
+    while t > 16 and dense_ref_bytes(dataclasses.replace(small, T=t), spec) > (
+        opts.check_budget_gib * 2**30):
       t //= 2
-  return max(16, t - t % 16) if t >= 16 else t
+  t = max(16, t - t % 16) if t >= 16 else t
+  return dataclasses.replace(small, T=t, name=f"{cfg.name}@T{t}E{e}K{k}")
 
 
 def _value_and_grads(layer):
@@ -129,20 +129,41 @@ def _value_and_grads(layer):
   return f
 
 
-def check_against_xla(impl: Impl, cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> dict:
-  t = check_tokens(cfg, spec, opts)
-  small = cfg.scaled(t, f"@T{t}")
+@jax.jit
+def _rel_errs(got, ref):
+  """Relative Frobenius errors (fp32, on the device) of matching pytrees; NaN/inf -> NaN."""
+  def one(a, b):
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    err = jnp.linalg.norm((a - b).ravel()) / jnp.maximum(jnp.linalg.norm(b.ravel()), 1e-30)
+    return jnp.where(jnp.all(jnp.isfinite(a)), err, jnp.nan)
+  return jax.tree.map(one, got, ref)
+
+
+_CHECK_NAMES = ("out", "dx", "drouter_w", "dw1", "dw2")
+
+
+def check_against_xla(impl: Impl, cfg: BenchConfig, spec: RoutingSpec, opts: Options,
+                      cache: dict | None = None) -> dict:
+  small = check_config(cfg, spec, opts)
   p = make_problem(small, seed=opts.seed + 1)
+  key = small.name
+  if cache is not None and key in cache:
+    ref = cache[key]
+  else:
+    ref_layer = sonic_layer("xla", small, spec)
+    ref = jax.jit(_value_and_grads(ref_layer))(*p.args, p.dout)
+    if cache is not None:
+      cache.clear()
+      cache[key] = ref
   layer, args = impl.prepare(p, spec)
-  ref_layer = sonic_layer("xla", small, spec)
-  out, grads = jax.jit(_value_and_grads(layer))(*args, p.dout)
-  rout, rgrads = jax.jit(_value_and_grads(ref_layer))(*p.args, p.dout)
-  errs = {"out": _rel_err(out, rout)}
-  for name, g, r in zip(("dx", "drouter_w", "dw1", "dw2"), grads, rgrads):
-    errs[name] = _rel_err(g, r)
+  got = jax.jit(_value_and_grads(layer))(*args, p.dout)
+  flat = jax.device_get(_rel_errs((got[0], *got[1]), (ref[0], *ref[1])))
+  del got
+  errs = {name: float(v) for name, v in zip(_CHECK_NAMES, flat)}
   worst = max(errs.values(), key=lambda v: np.inf if np.isnan(v) else v)
   ok = bool(all(np.isfinite(v) and v <= opts.check_tol for v in errs.values()))
-  return {"T": t, "ok": ok, "max_rel_err": worst, "errs": errs, "tol": opts.check_tol}
+  return {"T": small.T, "E": small.E, "K": small.K, "ok": ok, "max_rel_err": worst,
+          "errs": errs, "tol": opts.check_tol}
 
 
 class Runner:
@@ -155,6 +176,8 @@ class Runner:
     self.progress = progress
     self.start = time.perf_counter()
     self.rows: dict[tuple[str, str], dict] = {}
+    self._ref_cache: dict = {}
+    self._last_problem = None
     dev = jax.devices()[0]
     self.doc = {
         "meta": {
@@ -213,6 +236,7 @@ class Runner:
     self._pass(jax_baselines, self._measure_jax)
     if self.opts.check:
       self._pass([i for i in jax_baselines if i.checkable], self._check)
+    self._ref_cache.clear()
     self._pass(torch_baselines, self._measure_torch)
     for row in self.doc["results"]:
       if row["status"] == "pending":
@@ -226,6 +250,8 @@ class Runner:
     return self.doc
 
   def _pass(self, impls: list[Impl], fn):
+    self._last_problem = None
+    is_check = getattr(fn, "__name__", "") == "_check"
     for cfg in self.configs:
       todo = []
       for impl in impls:
@@ -234,7 +260,7 @@ class Runner:
         if reason:
           row["status"], row["reason"] = "skipped", reason
           continue
-        if fn is self._check and row["status"] not in ("ok", "partial", "failed"):
+        if is_check and row["status"] not in ("ok", "partial"):
           continue
         todo.append(impl)
       if not todo:
@@ -242,7 +268,7 @@ class Runner:
       for impl in todo:
         row = self.rows[(cfg.name, impl.name)]
         if self.over_budget():
-          if fn is self._check:
+          if is_check:
             row["check"] = {"ok": None, "reason": "skipped: time budget"}
           elif row["status"] == "pending":
             row["status"], row["reason"] = "skipped", "skipped: time budget"
@@ -251,7 +277,7 @@ class Runner:
           fn(impl, cfg, row)
         except Exception as e:  # noqa: BLE001 - every failure is a table entry, never a crash
           err = _short_error(e)
-          if fn is self._check:
+          if is_check:
             row["check"] = {"ok": False, "reason": f"failed: {err}"}
           else:
             row["status"] = "partial" if row["modes"] else "failed"
@@ -267,8 +293,7 @@ class Runner:
 
   def _measure_jax(self, impl: Impl, cfg: BenchConfig, row: dict):
     opts = self.opts
-    problem = make_problem(cfg, seed=opts.seed)
-    stats = routing_stats(problem, self.spec)
+    problem, stats = self._problem(cfg)
     row.update({k: stats[k] for k in ("pairs", "imbalance", "max_load", "empty_experts")})
     pairs = stats["pairs"] if impl.counts_routed_pairs else cfg.T * cfg.K
     row["flop_pairs"] = pairs
@@ -340,6 +365,15 @@ class Runner:
     row["process_peak_bytes"] = (memory_stats() or {}).get("peak_bytes_in_use")
     row["status"], row["reason"] = "ok", None
 
+  def _problem(self, cfg: BenchConfig):
+    """Inputs and routing statistics of ``cfg``, shared by the implementations in a pass."""
+    if self._last_problem is None or self._last_problem[0] != cfg.name:
+      self._last_problem = None
+      gc.collect()
+      problem = make_problem(cfg, seed=self.opts.seed)
+      self._last_problem = (cfg.name, problem, routing_stats(problem, self.spec))
+    return self._last_problem[1], self._last_problem[2]
+
   def _mode_entry(self, mode, tm, c, first, pairs, cfg) -> dict:
     return {"ms": tm.median_ms, "tflops": flops(mode, pairs, cfg.d, cfg.n) / tm.median_ms / 1e9,
             "timer": tm.timer, "wall_ms": tm.wall_median_ms, "compile_s": c.compile_s,
@@ -356,8 +390,9 @@ class Runner:
     if impl.name == "xla":
       row["check"] = {"ok": True, "reason": "reference"}
       return
-    row["check"] = res = check_against_xla(impl, cfg, self.spec, self.opts)
-    self.say(f"{cfg.name:<22} {impl.name:<16} check at T={res['T']}: max rel err "
+    row["check"] = res = check_against_xla(impl, cfg, self.spec, self.opts, self._ref_cache)
+    self.say(f"{cfg.name:<22} {impl.name:<16} check at T={res['T']} E={res['E']} "
+             f"K={res['K']}: max rel err "
              f"{res['max_rel_err']:.2e} {'ok' if res['ok'] else 'FAIL'}")
 
   def _measure_torch(self, impl, cfg: BenchConfig, row: dict):
