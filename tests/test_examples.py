@@ -1,0 +1,22 @@
+"""The main job runs end to end on the CPU and its loss falls."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+import train_lm  # noqa: E402
+
+
+def test_train_lm_loss_falls(tmp_path):
+  r = train_lm.main(["--steps", "40", "--batch", "8", "--seq-len", "64", "--d-model", "64",
+                     "--d-ff", "64", "--out", str(tmp_path)])
+  assert r["backend"] == "xla"
+  assert r["last_loss"] < r["first_loss"] - 1.0, r
+  assert os.path.getsize(tmp_path / "loss.png") > 1000
+
+
+def test_train_lm_token_rounding(tmp_path):
+  r = train_lm.main(["--steps", "15", "--batch", "8", "--seq-len", "64", "--d-model", "64",
+                     "--d-ff", "64", "--routing", "token_rounding", "--out", str(tmp_path)])
+  assert r["last_loss"] < r["first_loss"]

@@ -1,0 +1,141 @@
+"""Routing plans: top-K structure and token rounding's properties."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sonic_jax
+from sonic_jax.reference import plan_gates
+from sonic_jax.routing import RoutingPlan
+
+
+def _logits(T, E, seed=0, hot=None):
+  z = jax.random.normal(jax.random.key(seed), (T, E))
+  if hot is not None:
+    z = z.at[:, hot].add(6.0)
+  return z
+
+
+def _check_plan_invariants(plan: RoutingPlan):
+  P, T, E = plan.capacity, plan.num_tokens, plan.num_experts
+  n = int(plan.num_pairs)
+  scatter, reverse = np.asarray(plan.scatter_idx), np.asarray(plan.reverse_idx)
+  assert sorted(scatter.tolist()) == list(range(P))           # a permutation
+  np.testing.assert_array_equal(reverse[scatter], np.arange(P))
+  gs, go = np.asarray(plan.group_sizes), np.asarray(plan.group_offsets)
+  assert go[0] == 0 and np.all(np.diff(go) == gs) and go[-1] == n
+  tok, exp = np.asarray(plan.token_ids), np.asarray(plan.expert_ids)
+  gather = np.asarray(plan.gather_idx)
+  for e in range(E):
+    rows = scatter[go[e]:go[e + 1]]
+    assert np.all(exp[rows] == e) and np.all(np.diff(rows) > 0)  # stable within expert
+    np.testing.assert_array_equal(gather[go[e]:go[e + 1]], tok[rows])
+  assert np.all(scatter[n:] >= n)                                 # padding stays padding
+  assert np.all(np.diff(tok[:n]) >= 0)                            # flat order sorted by token
+  to = np.asarray(plan.token_offsets)
+  assert to[0] == 0 and to[-1] == n
+  for t in range(T):
+    assert np.all(tok[to[t]:to[t + 1]] == t)
+  assert np.all(np.asarray(plan.scores)[n:] == 0)
+
+
+@pytest.mark.parametrize("T,E,K", [(32, 8, 2), (17, 5, 1), (40, 6, 6)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_topk_plan(T, E, K, renormalize):
+  logits = _logits(T, E)
+  plan = sonic_jax.route_logits(logits, top_k=K, renormalize=renormalize)
+  assert plan.capacity == T * K and plan.top_k == K
+  _check_plan_invariants(plan)
+  probs = jax.nn.softmax(logits, -1)
+  top_p, top_e = jax.lax.top_k(probs, K)
+  np.testing.assert_array_equal(np.asarray(plan.expert_ids).reshape(T, K), top_e)
+  want = top_p / top_p.sum(-1, keepdims=True) if renormalize else top_p
+  np.testing.assert_allclose(np.asarray(plan.scores).reshape(T, K), want, rtol=1e-6)
+  assert plan.scores.dtype == jnp.float32
+
+
+def test_topk_plan_jits_and_is_a_pytree():
+  plan = jax.jit(lambda z: sonic_jax.route_logits(z, top_k=2))(_logits(16, 4))
+  leaves, tree = jax.tree.flatten(plan)
+  assert len(leaves) == 9 and jax.tree.unflatten(tree, leaves).num_experts == 4
+
+
+def _tc_chosen(logits, K):
+  _, top_e = jax.lax.top_k(jax.nn.softmax(logits, -1), K)
+  chosen = np.zeros(logits.shape, bool)
+  np.put_along_axis(chosen, np.asarray(top_e), True, axis=1)
+  return chosen
+
+
+def _kept(plan):
+  n = int(plan.num_pairs)
+  kept = np.zeros((plan.num_tokens, plan.num_experts), bool)
+  kept[np.asarray(plan.token_ids)[:n], np.asarray(plan.expert_ids)[:n]] = True
+  return kept
+
+
+@pytest.mark.parametrize("mode", ["nearest", "up", "down"])
+@pytest.mark.parametrize("hot", [None, 2])
+def test_token_rounding_properties(mode, hot):
+  T, E, K, tile = 200, 6, 2, 16
+  logits = _logits(T, E, seed=1, hot=hot)
+  tr = sonic_jax.TokenRounding(tile=tile, mode=mode)
+  plan = jax.jit(lambda z: sonic_jax.route_logits(z, top_k=K, routing=tr))(logits)
+  _check_plan_invariants(plan)
+  assert plan.top_k is None and plan.capacity == tr.capacity(T, E, K)
+  chosen, kept = _tc_chosen(logits, K), _kept(plan)
+  f, f_new = chosen.sum(0), np.asarray(plan.group_sizes)
+  np.testing.assert_array_equal(kept.sum(0), f_new)
+  for e in range(E):
+    assert f_new[e] % tile == 0 or f_new[e] == T
+    assert abs(int(f_new[e]) - int(f[e])) < tile
+    if mode == "nearest":
+      assert abs(int(f_new[e]) - int(f[e])) <= tile // 2
+    if mode == "up":
+      assert f_new[e] >= f[e] and np.all(kept[chosen[:, e], e])
+    if mode == "down":
+      assert f_new[e] <= f[e] and not np.any(kept[~chosen[:, e], e])
+  probs = np.asarray(jax.nn.softmax(logits, -1))
+  top_p = np.sort(probs, -1)[:, ::-1][:, :K]
+  v = np.where(chosen, probs / top_p.sum(-1, keepdims=True), -1.0)
+  for e in range(E):
+    c, k = chosen[:, e], kept[:, e]
+    if np.any(c & ~k):   # dropped choices rank below every kept choice of that expert
+      assert v[c & ~k, e].max() <= v[c & k, e].min() if np.any(c & k) else True
+    if np.any(~c & k):   # added tokens are the most probable unchosen ones
+      assert probs[~c & k, e].min() >= probs[~c & ~k, e].max()
+  # Kept pairs carry p / (sum of the token's top-K p): renormalize=True by default.
+  n = int(plan.num_pairs)
+  t, e = np.asarray(plan.token_ids)[:n], np.asarray(plan.expert_ids)[:n]
+  np.testing.assert_allclose(np.asarray(plan.scores)[:n], probs[t, e] / top_p.sum(-1)[t],
+                             rtol=1e-5)
+
+
+def test_token_rounding_with_tile_one_is_topk():
+  logits = _logits(24, 5, seed=2)
+  a = sonic_jax.route_logits(logits, top_k=2)
+  b = sonic_jax.route_logits(logits, top_k=2, routing=sonic_jax.TokenRounding(tile=1))
+  assert int(b.num_pairs) == 48
+  # Same pairs and scores (within a token, top-K orders by score and rounding by expert id).
+  np.testing.assert_array_equal(a.group_sizes, b.group_sizes)
+  np.testing.assert_array_equal(a.token_ids, b.token_ids[:48])
+  np.testing.assert_allclose(plan_gates(a), plan_gates(b), rtol=1e-6)
+
+
+def test_token_rounding_string_and_router_gradient():
+  x = jax.random.normal(jax.random.key(0), (256, 8))
+  rw = jax.random.normal(jax.random.key(1), (8, 4))
+  plan = sonic_jax.route(x, rw, top_k=2, routing="token_rounding")
+  assert np.all(np.asarray(plan.group_sizes) % 128 == 0)
+  g = jax.grad(lambda rw: jnp.sum(sonic_jax.route(
+      x, rw, top_k=2, routing="token_rounding").scores ** 2))(rw)
+  assert float(jnp.linalg.norm(g)) > 0
+
+
+def test_load_balancing_loss_is_one_when_uniform():
+  logits = jnp.zeros((8, 4))
+  plan = RoutingPlan.from_assignments(jnp.arange(8), jnp.arange(8) % 4, jnp.ones(8),
+                                      num_tokens=8, num_experts=4, top_k=1)
+  assert abs(float(sonic_jax.load_balancing_loss(logits, plan)) - 1.0) < 1e-6
+  assert float(sonic_jax.wasted_ratio(plan, 4)) == 1.0
