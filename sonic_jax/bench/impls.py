@@ -21,7 +21,6 @@ Baselines:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 from typing import Callable
 
@@ -267,9 +266,3 @@ def make_impl(name: str) -> Impl:
   raise ValueError(
       f"implementation {name!r} is not one of xla, pallas, ffi, pallas-interpret, "
       f"{', '.join(BASELINES)}")
-
-
-@functools.cache
-def available_backend_names() -> tuple[str, ...]:
-  from sonic_jax.backends import available_backends
-  return tuple(available_backends())

@@ -59,9 +59,18 @@ class TorchSonicMoE(Impl):
     note = _disable_quack_autotuning()
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    moe = MoE(num_experts=cfg.E, num_experts_per_tok=cfg.K, hidden_size=cfg.d,
-              intermediate_size=cfg.n, activation_function=ActivationType.SWIGLU,
-              add_bias=False, std=0.02).to(device=dev, dtype=torch.bfloat16)
+    # Parameters are made on the GPU in bf16 directly: an fp32 copy on the host would take
+    # minutes (and 45 GB) for the DeepSeek-V3-like preset.
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+      with dev:
+        moe = MoE(num_experts=cfg.E, num_experts_per_tok=cfg.K, hidden_size=cfg.d,
+                  intermediate_size=cfg.n, activation_function=ActivationType.SWIGLU,
+                  add_bias=False, std=0.02)
+    finally:
+      torch.set_default_dtype(default_dtype)
+    moe = moe.to(device=dev, dtype=torch.bfloat16)
     moe.train()
     x = (0.2 * torch.randn(cfg.T, cfg.d, device=dev, dtype=torch.bfloat16)).requires_grad_()
     dout = 0.2 * torch.randn(cfg.T, cfg.d, device=dev, dtype=torch.bfloat16)
