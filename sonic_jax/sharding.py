@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -429,15 +428,5 @@ def place_params(model: nnx.Module, sharding: MoESharding) -> None:
   nnx.update(model, jax.tree_util.tree_map_with_path(place, state))
 
 
-def moe_reference_per_shard(x, router_w, w1, w2, *, num_shards: int, **moe_kw) -> jax.Array:
-  """Unsharded ``sonic_jax.moe`` applied to each of ``num_shards`` contiguous token blocks.
-
-  What ``sharded_moe`` computes (routing is per shard). For tests and debugging.
-  """
-  from sonic_jax.moe import moe
-  chunks = jnp.split(x, num_shards, axis=0)
-  return jnp.concatenate([moe(c, router_w, w1, w2, **moe_kw) for c in chunks], axis=0)
-
-
-__all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "moe_reference_per_shard",
-           "place_params", "shard_moe_layers", "sharded_moe"]
+__all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "place_params",
+           "shard_moe_layers", "sharded_moe"]
