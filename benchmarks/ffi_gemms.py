@@ -128,9 +128,9 @@ def main():
     print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
     report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k),
                                   rows=run_config(t, d, n, e, k, args.iters)))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(report, f, indent=1)
+    if args.json:  # after every config, so a timeout keeps what finished
+      with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
