@@ -169,7 +169,7 @@ def test_token_rounding_plan_padding_rows():
   plan = route_logits(logits, top_k=2, routing=TokenRounding(tile=16, mode="up"))
   valid = int(plan.num_pairs)
   assert valid < plan.capacity and plan.top_k is None
-  d, n = 64, 32
+  d, n = 64, 64
   x = tokens(plan.num_tokens, d)
   w1, w2 = weights(plan.num_experts, d, n)
   h, a = PALLAS.up_proj(x, w1, plan)
@@ -251,7 +251,7 @@ def test_config_rejects_bad_fields():
 
 # ------------------------------------------------------------------------------------- GPU
 GPU_SHAPES = [  # (T, d, n, E, K): a fine-grained and a coarse config, E not a power of two
-    (8192, 1536, 256, 128, 8),
+    (4096, 1536, 256, 72, 8),
     (4096, 1024, 1024, 24, 2),
 ]
 

@@ -250,6 +250,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       def acc_scope(*acc_refs):
         def step(_, a_smem, *b_smems):
           wgmma_step(acc_refs, a_smem, b_smems, None)
+          # delay_release=1: the previous step's slots are refilled after this body, so its
+          # wgmmas must be done; this step's stay in flight under the next TMA wait.
+          plgpu.wgmma_wait(1)
 
         plgpu.emit_pipeline(
             step, grid=(k_steps,),
@@ -313,7 +316,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         def step(_, a_smem, *rest_refs):
           *b_smems, carry = rest_refs
           wgmma_step(carry, a_smem, b_smems, wg_slice)
-          plgpu.wgmma_wait(0)
+          plgpu.wgmma_wait(1)  # as in the single-warpgroup body (delay_release=1)
           return carry
 
         get_pipeline(step, compute_context, lambda: ni)(

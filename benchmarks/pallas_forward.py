@@ -1,0 +1,363 @@
+"""Pallas forward kernels on one GPU: correctness vs the xla backend / a dense reference, and
+timings of every variant against an XLA dense matmul of the same total shape.
+
+  python benchmarks/pallas_forward.py --out-dir benchmarks/results [--configs 7B-512,30B-512]
+
+Writes pallas-forward-<gpu>-<date>.json and .md to --out-dir and prints a table last.
+Timings are GPU-side (CUPTI, ``jax.experimental.mosaic.gpu.profiler.measure``): the sum of the
+kernels of one call, median of ``--iters`` calls after a warm-up, random bf16 data. FLOPs as the
+paper counts them: up_proj 4·TK·d·n, down_proj 2·TK·n·d, forward 6·TK·d·n. ``--interpret`` runs
+the correctness part on a CPU in the Mosaic GPU interpreter at a tiny shape (a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sonic_jax.pallas import configs as cfgs  # noqa: E402
+from sonic_jax.pallas.backend import PallasKernels  # noqa: E402
+from sonic_jax.routing import route_logits  # noqa: E402
+from sonic_jax.xla_backend import XlaKernels  # noqa: E402
+
+# The paper's configs (sonicmoe-spec.md §7.2) with SonicMoE's H100 forward TFLOP/s.
+PAPER = {
+    "1.4B-256": (40960, 768, 256, 128, 8, 335), "1.4B-512": (40960, 768, 512, 64, 4, 397),
+    "1.4B-1024": (40960, 768, 1024, 32, 2, 403), "7B-256": (24576, 1536, 256, 128, 8, 363),
+    "7B-512": (24576, 1536, 512, 64, 4, 431), "7B-1024": (24576, 1536, 1024, 32, 2, 463),
+    "30B-256": (32768, 4096, 256, 256, 16, 428), "30B-512": (32768, 4096, 512, 128, 8, 503),
+    "30B-1024": (32768, 4096, 1024, 64, 4, 552), "120B-512": (32768, 4096, 512, 256, 16, 518),
+    "120B-1024": (32768, 4096, 1024, 128, 8, 558), "120B-2048": (32768, 4096, 2048, 64, 4, 595),
+}
+DEFAULT_CONFIGS = "7B-256,7B-1024,30B-512,120B-2048"
+FUSED_CONFIGS = ("7B-1024", "30B-512")
+
+
+def rel(a, b) -> float:
+  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+  b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+  if not (np.isfinite(a).all() and np.isfinite(b).all()):
+    return float("inf")
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def timer(iters: int):
+  """Returns time(f, *args) -> median ms over iters calls (GPU-side) or wall time on CPU."""
+  if jax.devices()[0].platform == "gpu":
+    from jax.experimental.mosaic.gpu import profiler
+
+    def time_it(f, *args):
+      _, ts = profiler.measure(jax.jit(f), iterations=iters)(*args)
+      return float(statistics.median(ts))
+    return time_it
+
+  def wall(f, *args):
+    f = jax.jit(f)
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(iters):
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      ts.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(ts))
+  return wall
+
+
+def make_problem(t, d, n, e, k, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 5)
+  x = jax.random.normal(ks[0], (t, d), jnp.float32).astype(jnp.bfloat16)
+  rw = (jax.random.normal(ks[1], (d, e), jnp.float32) / np.sqrt(d)).astype(jnp.bfloat16)
+  w1 = (jax.random.normal(ks[2], (e, d, 2 * n), jnp.float32) / np.sqrt(d)).astype(jnp.bfloat16)
+  w2 = (jax.random.normal(ks[3], (e, n, d), jnp.float32) / np.sqrt(n)).astype(jnp.bfloat16)
+  logits = jnp.dot(x, rw, preferred_element_type=jnp.float32)
+  plan = jax.jit(lambda lg: route_logits(lg, top_k=k))(logits)
+  return x, rw, w1, w2, plan
+
+
+def sampled_reference(lhs_rows, w, plan, experts):
+  """Dense f32 reference rows for a few experts: {e: (rows slice, lhs[rows] @ w[e])}."""
+  offs = np.asarray(plan.group_offsets)
+  out = {}
+  for e in experts:
+    lo, hi = int(offs[e]), int(offs[e + 1])
+    if hi > lo:
+      out[e] = (lo, hi, jnp.dot(lhs_rows[lo:hi].astype(jnp.float32), w[e].astype(jnp.float32)))
+  return out
+
+
+def sampled_rel(result, ref) -> float:
+  num = den = 0.0
+  for lo, hi, r in ref.values():
+    a = np.asarray(jnp.asarray(result[lo:hi], jnp.float32), np.float64)
+    b = np.asarray(r, np.float64)
+    if not np.isfinite(a).all():
+      return float("inf")
+    num += float(np.sum((a - b) ** 2))
+    den += float(np.sum(b ** 2))
+  return float(np.sqrt(num / max(den, 1e-30)))
+
+
+def variants(d, n, fused: bool):
+  """(name, PallasKernels) for the up/down variants compared: the heuristic table's choice, a
+  single-warpgroup pipeline (no warp specialization) and optionally the fused gather."""
+  single_up = cfgs.GemmConfig(block_m=128, block_n=64, block_k=64, max_concurrent_steps=4,
+                              grid_tile_width=8)
+  single_down = cfgs.GemmConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5,
+                                grid_tile_width=8)
+  up_h, down_h = cfgs.swiglu_gemm_config(d, n), cfgs.plain_gemm_config(n, d)
+  out = [(f"heuristic wgs={up_h.num_compute_wgs}/{down_h.num_compute_wgs}", PallasKernels()),
+         ("1wg", PallasKernels(config=cfgs.ForwardConfig(up_proj=single_up, down_proj=single_down,
+                                                         dx_pairs=single_down)))]
+  if fused:
+    out.append(("fused-gather", PallasKernels(config=cfgs.ForwardConfig(
+        up_proj=cfgs.swiglu_gemm_config(d, n, gather="fused")))))
+  return out
+
+
+def run_config(name, shape, args, log):
+  t, d, n, e, k, paper_tf = shape
+  tk = t * k
+  rec = dict(config=name, T=t, d=d, n=n, E=e, K=k, paper_h100_fwd_tflops=paper_tf, results={},
+             errors={})
+  time_it = timer(args.iters)
+  x, rw, w1, w2, plan = make_problem(t, d, n, e, k)
+  xla = XlaKernels()
+  offs = np.asarray(plan.group_offsets)
+  sizes = np.asarray(plan.group_sizes)
+  check_e = [int(np.argmax(sizes > 0)), e // 2, e - 1]
+  xg = x[plan.gather_idx]
+  ref_h = sampled_reference(xg, w1, plan, check_e)
+  fl_up, fl_down = 4 * tk * d * n, 2 * tk * n * d
+
+  def record(key, ms, flops=None, **extra):
+    r = dict(ms=ms, **extra)
+    if flops:
+      r["tflops"] = flops / (ms * 1e-3) / 1e12
+    rec["results"][key] = r
+    log(f"  {key:<34} {ms:8.3f} ms" + (f"  {r['tflops']:6.1f} TF/s" if flops else "")
+        + "".join(f"  {a}={b:.3g}" if isinstance(b, float) else f"  {a}={b}"
+                  for a, b in extra.items()))
+
+  def guarded(key, fn):
+    try:
+      fn()
+    except Exception as ex:  # noqa: BLE001 - record and go on with the other variants
+      rec["errors"][key] = f"{type(ex).__name__}: {str(ex)[:2000]}"
+      log(f"  {key}: FAILED {type(ex).__name__}: {str(ex)[:300]}")
+      log(traceback.format_exc()[-3000:])
+
+  # Baselines: XLA dense matmuls of the same total shape, the XLA gather, a copy.
+  a_dense = jax.random.normal(jax.random.key(9), (tk, n), jnp.float32).astype(jnp.bfloat16)
+  guarded("xla_dense_up", lambda: record(
+      "xla_dense_up", time_it(lambda a, b: a @ b, xg, w1[0]), fl_up))
+  guarded("xla_dense_down", lambda: record(
+      "xla_dense_down", time_it(lambda a, b: a @ b, a_dense, w2[0]), fl_down))
+  guarded("xla_gather", lambda: record(
+      "xla_gather", time_it(lambda a, i: a[i], x, plan.gather_idx),
+      gb=2 * tk * d * 2 / 1e9))
+  guarded("copy", lambda: record(
+      "copy (-x_gathered)", time_it(lambda a: -a, xg), gb=2 * tk * d * 2 / 1e9))
+  copy_ms = rec["results"].get("copy (-x_gathered)", {}).get("ms")
+  if copy_ms:  # read + write bytes per second of an elementwise pass: the copy bandwidth
+    rec["copy_gbps"] = 2 * tk * d * 2 / (copy_ms * 1e-3) / 1e9
+
+  a_ref = None
+  for vname, kern in variants(d, n, name in FUSED_CONFIGS and not args.no_fused):
+    def up(kern=kern, vname=vname):
+      nonlocal a_ref
+      kern.validate(x, plan, w1, w2)
+      t0 = time.perf_counter()
+      h, a = jax.block_until_ready(jax.jit(kern.up_proj)(x, w1, plan))
+      compile_s = time.perf_counter() - t0
+      err_h = sampled_rel(h, ref_h)
+      g = jnp.dot(xg[offs[check_e[0]]:offs[check_e[0] + 1]].astype(jnp.float32),
+                  w1[check_e[0]].astype(jnp.float32))
+      a_chk = (jax.nn.silu(g[:, :n]) * g[:, n:])
+      err_a = rel(a[offs[check_e[0]]:offs[check_e[0] + 1]], a_chk)
+      if a_ref is None:
+        a_ref = a
+      ms = time_it(kern.up_proj, x, w1, plan)
+      record(f"up_proj[{vname}]", ms, fl_up, rel_err_h=err_h, rel_err_a=err_a,
+             first_call_s=compile_s)
+    guarded(f"up_proj[{vname}]", up)
+
+  if a_ref is None:
+    a_ref = jax.random.normal(jax.random.key(3), (plan.capacity, n), jnp.float32).astype(
+        jnp.bfloat16)
+  ref_y = sampled_reference(a_ref, w2, plan, check_e)
+  for vname, kern in variants(d, n, False):
+    def down(kern=kern, vname=vname):
+      y = jax.block_until_ready(jax.jit(kern.down_proj)(a_ref, w2, plan))
+      ms = time_it(kern.down_proj, a_ref, w2, plan)
+      record(f"down_proj[{vname}]", ms, fl_down, rel_err_y=sampled_rel(y, ref_y))
+    guarded(f"down_proj[{vname}]", down)
+
+  kern = PallasKernels()
+  y = jax.random.normal(jax.random.key(4), (plan.capacity, d), jnp.float32).astype(jnp.bfloat16)
+
+  def comb():
+    out = jax.block_until_ready(jax.jit(kern.combine, static_argnums=3)(
+        y, plan, plan.scores, jnp.bfloat16))
+    ref = xla.combine(y, plan, plan.scores, jnp.float32)
+    ms = time_it(lambda a, p: kern.combine(a, p, p.scores, jnp.bfloat16), y, plan)
+    moved = tk * d * 2 + t * d * 2 + tk * 8
+    gbps = moved / (ms * 1e-3) / 1e9
+    record("combine", ms, rel_err=rel(out, ref), gbps=gbps,
+           frac_of_copy_bw=gbps / rec["copy_gbps"] if rec.get("copy_gbps") else float("nan"))
+    ms_x = time_it(lambda a, p: xla.combine(a, p, p.scores, jnp.bfloat16), y, plan)
+    record("combine[xla]", ms_x, gbps=moved / (ms_x * 1e-3) / 1e9)
+  guarded("combine", comb)
+
+  # Whole forward (training: H is written): router GEMM + routing + metadata + kernels.
+  def fwd_fn(kern):
+    def f(x, rw, w1, w2):
+      logits = jnp.dot(x, rw, preferred_element_type=jnp.float32)
+      p = route_logits(logits, top_k=k)
+      h, a = kern.up_proj(x, w1, p)
+      yy = kern.down_proj(a, w2, p)
+      return kern.combine(yy, p, p.scores, x.dtype), h
+    return f
+
+  for vname, kern in variants(d, n, False)[:1]:
+    def fwd(kern=kern, vname=vname):
+      f = fwd_fn(kern)
+      t0 = time.perf_counter()
+      jax.block_until_ready(jax.jit(f)(x, rw, w1, w2))
+      compile_s = time.perf_counter() - t0
+      ms = time_it(f, x, rw, w1, w2)
+      record(f"forward[{vname}]", ms, 6 * tk * d * n, first_call_s=compile_s,
+             vs_paper=(6 * tk * d * n / (ms * 1e-3) / 1e12) / paper_tf)
+    guarded(f"forward[{vname}]", fwd)
+
+  # Correctness against the xla backend itself at a shape its dense ragged_dot can hold.
+  return rec
+
+
+def xla_backend_check(log, interpret=False):
+  """Every forward entry point vs the xla backend (relative error, H/A/Y/out separately)."""
+  t, d, n, e, k = (4096, 1024, 512, 24, 4) if not interpret else (100, 64, 64, 5, 2)
+  x, rw, w1, w2, plan = make_problem(t, d, n, e, k, seed=1)
+  xla = XlaKernels()
+  out = {}
+  if interpret:
+    small = dict(block_m=64, block_k=64, max_concurrent_steps=2, num_sms=2)
+    kerns = [("interpret", PallasKernels(interpret=True, config=cfgs.ForwardConfig(
+        up_proj=cfgs.GemmConfig(block_n=64, **small),
+        down_proj=cfgs.GemmConfig(block_n=64, **small),
+        dx_pairs=cfgs.GemmConfig(block_n=64, **small),
+        combine=cfgs.CombineConfig(block_d=64, slots=2, num_sms=2))))]
+  else:
+    kerns = [("heuristic", PallasKernels()),
+             ("fused-gather", PallasKernels(config=cfgs.ForwardConfig(
+                 up_proj=cfgs.swiglu_gemm_config(d, n, gather="fused"))))]
+  h_ref, a_ref = jax.jit(xla.up_proj)(x, w1, plan)
+  y_ref = jax.jit(xla.down_proj)(a_ref, w2, plan)
+  o_ref = xla.combine(y_ref, plan, plan.scores, jnp.float32)
+  dx_ref = jax.jit(xla.dx_pairs)(h_ref, w1, plan)
+  for name, kern in kerns:
+    r = {}
+    try:
+      h, a = jax.jit(kern.up_proj)(x, w1, plan)
+      r["H"], r["A"] = rel(h, h_ref), rel(a, a_ref)
+      r["Y"] = rel(jax.jit(kern.down_proj)(a_ref, w2, plan), y_ref)
+      r["out"] = rel(kern.combine(y_ref, plan, plan.scores, jnp.float32), o_ref)
+      r["dx_out"] = rel(kern.combine(y_ref, plan, None, jnp.float32),
+                        xla.combine(y_ref, plan, None, jnp.float32))
+      r["dx_pairs"] = rel(jax.jit(kern.dx_pairs)(h_ref, w1, plan), dx_ref)
+    except Exception as ex:  # noqa: BLE001
+      r["error"] = f"{type(ex).__name__}: {str(ex)[:2000]}"
+      log(traceback.format_exc()[-3000:])
+    out[name] = r
+    log(f"xla-backend check [{name}] (T={t} d={d} n={n} E={e} K={k}): {r}")
+  return out
+
+
+def write_reports(data, out_dir, stem):
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+    json.dump(data, f, indent=1, default=str)
+  lines = [f"# Pallas forward kernels, {data['gpu']}, {data['date']}", "",
+           f"jax {data['jax']}, command: `{data['command']}`", "",
+           "GPU-side (CUPTI) kernel time per call, median of "
+           f"{data['iters']} calls after a warm-up; random bf16 data; FLOPs: up 4·TK·d·n, "
+           "down 2·TK·n·d, forward 6·TK·d·n. `vs dense` = kernel TFLOP/s ÷ the XLA dense "
+           "matmul of the same total shape in the same run.", "",
+           "## Correctness vs the xla backend", ""]
+  for k, v in data.get("xla_check", {}).items():
+    lines.append(f"- {k}: " + ", ".join(f"{a} {b:.2e}" if isinstance(b, float) else f"{a} {b}"
+                                        for a, b in v.items()))
+  lines += ["", "## Timings", "",
+            "| config | T | d | n | E | K | kernel | ms | TF/s | vs dense | notes |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+  for rec in data["configs"]:
+    res = rec["results"]
+    dense = {"up": res.get("xla_dense_up", {}).get("tflops"),
+             "down": res.get("xla_dense_down", {}).get("tflops")}
+    for key, r in res.items():
+      kind = "up" if key.startswith("up_proj") else "down" if key.startswith("down_proj") else None
+      vs = (f"{r['tflops'] / dense[kind]:.2f}" if kind and dense[kind] and "tflops" in r
+            else "")
+      notes = ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}"
+                        for a, b in r.items() if a not in ("ms", "tflops"))
+      if key.startswith("forward"):
+        notes += f", paper H100 fwd {rec['paper_h100_fwd_tflops']} TF/s"
+      lines.append(f"| {rec['config']} | {rec['T']} | {rec['d']} | {rec['n']} | {rec['E']} | "
+                   f"{rec['K']} | {key} | {r['ms']:.3f} | "
+                   f"{r.get('tflops', float('nan')):.1f} | {vs} | {notes} |")
+    for key, err in rec["errors"].items():
+      lines.append(f"| {rec['config']} | | | | | | {key} | FAILED | | | {err[:200]!r} |")
+  with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return "\n".join(lines)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+  ap.add_argument("--iters", type=int, default=10)
+  ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--interpret", action="store_true")
+  ap.add_argument("--no-fused", action="store_true")
+  ap.add_argument("--skip-check", action="store_true")
+  args = ap.parse_args()
+  dev = jax.devices()[0]
+  gpu = getattr(dev, "device_kind", dev.platform)
+  date = datetime.date.today().isoformat()
+  stem = "pallas-forward-" + ("h200" if "H200" in gpu else dev.platform) + "-" + date
+  logf = open(os.path.join(args.out_dir, stem + ".log"), "w") if os.path.isdir(args.out_dir) \
+      else None
+
+  def log(msg):
+    print(msg, flush=True)
+    if logf:
+      logf.write(msg + "\n")
+      logf.flush()
+
+  data = dict(gpu=gpu, date=date, jax=jax.__version__, python=platform.python_version(),
+              command="python " + " ".join(sys.argv), iters=args.iters, configs=[])
+  if not args.skip_check:
+    data["xla_check"] = xla_backend_check(log, interpret=args.interpret)
+  if not args.interpret:
+    for name in [c for c in args.configs.split(",") if c]:
+      log(f"== {name} {PAPER[name][:5]}")
+      data["configs"].append(run_config(name, PAPER[name], args, log))
+      write_reports(data, args.out_dir, stem)
+  print(write_reports(data, args.out_dir, stem))
+
+
+if __name__ == "__main__":
+  main()
