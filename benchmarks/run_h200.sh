@@ -2,9 +2,10 @@
 # The recorded H200 benchmark: all 12 paper configs + the 4 model presets, every sonic_jax backend
 # that resolves there (pallas, ffi; xla only where its densified ragged_dot fits), the baselines
 # (jax ragged_dot_mgpu grouped-GEMM MoE, tokamax, lax.ragged_dot, PyTorch SonicMoE) and the dense
-# ceiling, with correctness checks against the xla backend; plus one small config
-# (T=4096, d=1024, n=512, E=16, K=2) where the xla backend and lax.ragged_dot fit unsharded. Fits ~8 minutes of GPU wall time:
-# it stops starting new measurements when its budget is spent and always writes what it has.
+# ceiling, with correctness checks against the xla backend; plus one small config (T=4096,
+# d=1024, n=512, E=16, K=2) where the xla backend and lax.ragged_dot fit. Fits ~8 minutes of GPU
+# wall time: passes stop starting new measurements when their share of the budget is spent
+# (sonic_jax/bench/runner.py, PASS_SHARES) and the script always writes what was measured.
 #
 # Run from the repository root on the GPU machine (device tool), e.g.
 #   run(command="bash benchmarks/run_h200.sh", carry=[".gpu_wheels"], timeout_s=600)

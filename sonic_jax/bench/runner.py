@@ -30,6 +30,9 @@ from sonic_jax.bench.timing import (compile_fn, device_label, memory_stats, on_g
                                     time_compiled)
 
 MODES = ("fwd", "bwd", "fwdbwd")
+# Cumulative shares of --time-budget-s by which each pass must have started its last job:
+# backends + ceiling, their checks, JAX baselines, their checks, PyTorch SonicMoE.
+PASS_SHARES = (0.6, 0.68, 0.88, 0.92, 1.0)
 
 
 @dataclasses.dataclass
@@ -209,8 +212,9 @@ class Runner:
   def elapsed(self) -> float:
     return time.perf_counter() - self.start
 
-  def over_budget(self) -> bool:
-    return self.opts.time_budget_s is not None and self.elapsed() > self.opts.time_budget_s
+  def over_budget(self, share: float = 1.0) -> bool:
+    budget = self.opts.time_budget_s
+    return budget is not None and self.elapsed() > budget * share
 
   def save(self):
     if not self.json_path:
@@ -230,14 +234,19 @@ class Runner:
     primary = [i for i in self.impls if i.kind in ("backend", "ceiling")]
     jax_baselines = [i for i in self.impls if i.kind == "baseline" and i.name != "sonicmoe-torch"]
     torch_baselines = [i for i in self.impls if i.name == "sonicmoe-torch"]
-    self._pass(primary, self._measure_jax)
+    # With a time budget every pass may run until its share of it is spent (time a pass leaves
+    # unused goes to the next), so a slow pass cannot starve the baselines entirely.
+    shares = iter(PASS_SHARES)
+    self._pass(primary, self._measure_jax, next(shares))
+    share = next(shares)
     if self.opts.check:
-      self._pass([i for i in primary if i.checkable], self._check)
-    self._pass(jax_baselines, self._measure_jax)
+      self._pass([i for i in primary if i.checkable], self._check, share)
+    self._pass(jax_baselines, self._measure_jax, next(shares))
+    share = next(shares)
     if self.opts.check:
-      self._pass([i for i in jax_baselines if i.checkable], self._check)
+      self._pass([i for i in jax_baselines if i.checkable], self._check, share)
     self._ref_cache.clear()
-    self._pass(torch_baselines, self._measure_torch)
+    self._pass(torch_baselines, self._measure_torch, next(shares))
     for row in self.doc["results"]:
       if row["status"] == "pending":
         row["status"], row["reason"] = "skipped", "skipped: time budget"
@@ -249,7 +258,7 @@ class Runner:
     self.save()
     return self.doc
 
-  def _pass(self, impls: list[Impl], fn):
+  def _pass(self, impls: list[Impl], fn, share: float = 1.0):
     self._last_problem = None
     is_check = getattr(fn, "__name__", "") == "_check"
     for cfg in self.configs:
@@ -267,7 +276,7 @@ class Runner:
         continue
       for impl in todo:
         row = self.rows[(cfg.name, impl.name)]
-        if self.over_budget():
+        if self.over_budget(share):
           if is_check:
             row["check"] = {"ok": None, "reason": "skipped: time budget"}
           elif row["status"] == "pending":
