@@ -40,11 +40,9 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"backend='ffi' needs d (x.shape[1]) to be a multiple of 8, got {d}")
     if n % 8:
       raise ValueError(f"backend='ffi' needs n (w2.shape[1]) to be a multiple of 8, got {n}")
-    if plan.capacity < 1:
-      raise ValueError("backend='ffi' needs a plan with capacity >= 1")
-    if plan.capacity * max(d, two_n) > _INT32_MAX * 8:
-      raise ValueError(f"plan capacity {plan.capacity} times the width {max(d, two_n)} is too "
-                       f"large for the kernels' indexing")
+    if not 1 <= plan.capacity <= _INT32_MAX:
+      raise ValueError(f"backend='ffi' needs 1 <= plan capacity <= 2**31 - 1 (int32 group "
+                       f"offsets), got {plan.capacity}")
 
   def up_proj(self, x, w1, plan, *, inference=False):
     offs = plan.group_offsets
