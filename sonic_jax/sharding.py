@@ -205,7 +205,7 @@ def expert_parallel_capacity(local_tokens: int, num_experts: int, top_k: int, nu
   ``capacity_factor`` f: C = min(dropless, round_up(ceil(f·T_local·K/X), 8)).
   """
   local_experts = num_experts // num_shards
-  rounding = validate_routing_args(jnp.zeros((1, num_experts)), top_k, routing)
+  rounding = validate_routing_args(np.zeros((1, num_experts), np.float32), top_k, routing)
   if rounding is None:
     dropless = local_tokens * min(top_k, local_experts)
   else:
@@ -259,7 +259,7 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
   if w1.shape[1] != d or w1.shape[2] % 2 or w2.shape[1:] != (w1.shape[2] // 2, d):
     raise ValueError(f"w1 must have shape (E, d={d}, 2n) and w2 (E, n, d={d}), got w1 "
                      f"{w1.shape}, w2 {w2.shape}")
-  validate_routing_args(jnp.zeros((1, e)), top_k, routing)
+  validate_routing_args(np.zeros((1, e), np.float32), top_k, routing)
   sharding.validate(t, d, e)
 
   cfg = sharding
