@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import sonic_jax
+import sonic_jax.xla_backend
 from sonic_jax import reference
 from sonic_jax.sharding import MoESharding, expert_parallel_capacity, sharded_moe
 from tests.helpers import Problem, make_inputs, rel_err
@@ -69,6 +70,17 @@ def _check(out, grads, ref_out, ref_grads, tol):
     assert rel_err(g, r) < tol, (name, rel_err(g, r))
 
 
+class _RecordingKernels(sonic_jax.xla_backend.XlaKernels):
+  """The xla kernels, recording the shapes each up_proj call sees (at trace time)."""
+
+  def __init__(self):
+    self.seen = []
+
+  def up_proj(self, x, w1, plan, *, inference=False):
+    self.seen.append((x.shape, w1.shape))
+    return super().up_proj(x, w1, plan, inference=inference)
+
+
 MODES = {
     "data": (dict(data=8), dict()),
     "fsdp": (dict(fsdp=8), dict(data_axis=None, fsdp_axis="fsdp")),
@@ -83,10 +95,18 @@ def test_mode_matches_unsharded(mode):
   sizes, kw = MODES[mode]
   cfg = MoESharding(_mesh(sizes), **kw)
   args, ct, ref_out, ref_grads = _unsharded_reference()
+  kernels = _RecordingKernels()  # a backend instance passes through like "pallas" / "ffi"
   out, grads, aux = _value_and_grads(
-      lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend="xla", return_aux_loss=True),
+      lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend=kernels, return_aux_loss=True),
       args, ct, has_aux=True)
   _check(out, grads, ref_out, ref_grads, 1e-5)
+  # The kernels ran on local shapes: T/N tokens (X·C received rows with an expert axis), the
+  # device's E/X experts, the full (gathered) d.
+  x_size = cfg.num_expert_shards
+  t_local = PROB.T // cfg.num_token_shards
+  rows = t_local if cfg.expert_axis is None else x_size * expert_parallel_capacity(
+      t_local, PROB.E, K, x_size)
+  assert set(kernels.seen) == {((rows, PROB.d), (PROB.E // x_size, PROB.d, 2 * PROB.n))}
   # Layouts: tokens over (data..., fsdp, expert); gradients laid out like their parameters.
   assert out.sharding.is_equivalent_to(NamedSharding(cfg.mesh, cfg.token_spec), 2)
   for g, spec in zip(grads, (cfg.token_spec, cfg.router_spec, cfg.w1_spec, cfg.w2_spec)):
