@@ -81,14 +81,15 @@ def make_problem(cfg: BenchConfig, seed: int = 0, dtype=jnp.bfloat16) -> Problem
   kx, kr, k1, k2, kd = jax.random.split(jax.random.key(seed), 5)
   T, d, n, E = cfg.T, cfg.d, cfg.n, cfg.E
 
+  def normal(key, shape, scale):
+    # Drawn in the target dtype: an fp32 draw of the largest presets' weights would need 30 GB.
+    return (jax.random.normal(key, shape, dtype) * jnp.asarray(scale, dtype)).astype(dtype)
+
   @jax.jit
   def gen():
-    x = (0.2 * jax.random.normal(kx, (T, d), jnp.float32)).astype(dtype)
-    router_w = (jax.random.normal(kr, (d, E), jnp.float32) / (0.2 * np.sqrt(d))).astype(dtype)
-    w1 = (0.02 * jax.random.normal(k1, (E, d, 2 * n), jnp.float32)).astype(dtype)
-    w2 = (0.02 * jax.random.normal(k2, (E, n, d), jnp.float32)).astype(dtype)
-    dout = (0.2 * jax.random.normal(kd, (T, d), jnp.float32)).astype(dtype)
-    return x, router_w, w1, w2, dout
+    return (normal(kx, (T, d), 0.2), normal(kr, (d, E), 1 / (0.2 * np.sqrt(d))),
+            normal(k1, (E, d, 2 * n), 0.02), normal(k2, (E, n, d), 0.02),
+            normal(kd, (T, d), 0.2))
 
   return Problem(cfg, *gen())
 

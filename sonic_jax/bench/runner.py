@@ -327,21 +327,16 @@ class Runner:
     want_fwd = "fwd" in modes or ("bwd" in modes and not opts.bwd_direct)
     want_fwdbwd = "fwdbwd" in modes or ("bwd" in modes and not opts.bwd_direct)
     results = row["modes"]
-    fwd_res = None
     if want_fwd:
       c = compile_fn(fwd_train, args)
       t0 = time.perf_counter()
-      fwd_res = jax.block_until_ready(c.fn(*args))
+      jax.block_until_ready(c.fn(*args))
       first = c.compile_s + time.perf_counter() - t0
-      if not opts.bwd_direct:
-        fwd_res = None
       tm = time_compiled(c, args, warmup=opts.warmup, iters=opts.iters)
       results["fwd"] = self._mode_entry("fwd", tm, c, first, pairs, cfg)
       self._say_mode(cfg, impl, "fwd", results["fwd"])
     if "bwd" in modes and opts.bwd_direct:
-      fwd_res = jax.jit(fwd_train)(*args)
-      vjp_fn = fwd_res[1]
-      del fwd_res
+      vjp_fn = jax.jit(fwd_train)(*args)[1]
       bargs = (vjp_fn, g)
       c = compile_fn(lambda f, gg: f(gg), bargs)
       t0 = time.perf_counter()

@@ -96,9 +96,12 @@ def _cupti_samples(fn, args, iters: int, out_bytes: int, max_live_bytes: int) ->
 
 def time_compiled(c: Compiled, args: tuple, *, warmup: int, iters: int, wall_too: bool = True,
                   max_live_bytes: int = 8 << 30) -> Timing:
-  """Median time of ``c.fn(*args)`` after ``warmup`` calls (CUPTI on a GPU, else wall)."""
+  """Median time of ``c.fn(*args)`` after ``warmup`` calls (CUPTI on a GPU, else wall).
+
+  The caller has run ``c.fn`` once already (first-call time), so warmup=0 is allowed.
+  """
   fn = c.fn
-  for _ in range(max(warmup, 1)):
+  for _ in range(warmup):
     jax.block_until_ready(fn(*args))
   out_bytes = (c.memory or {}).get("output_size_in_bytes", 0)
   note = None
