@@ -251,6 +251,36 @@ def test_sharded_module_matches_nn_moe():
     assert rel_err(g["moe"][name][...], g_ref[name][...]) < 2e-2, name
 
 
+def test_sharded_linen_module_matches_moe_linen():
+  from sonic_jax.nn import MoELinen
+  from sonic_jax.sharding import ShardedMoELinen
+  cfg = MoESharding(_mesh(dict(data=2, expert=4)), expert_axis="expert")
+  x = jax.random.normal(jax.random.key(2), (4, 16, 32), jnp.float32)
+  kw = dict(d_model=32, d_ff=16, num_experts=8, top_k=K, backend="xla", aux_loss_coef=0.1,
+            init_std=0.2)
+  ref, mod = MoELinen(**kw), ShardedMoELinen(**kw, sharding=cfg)
+  params = ref.init(jax.random.key(0), x)
+  assert jax.tree.structure(params) == jax.tree.structure(mod.init(jax.random.key(0), x))
+
+  def run(module):
+    def loss(p):
+      out, aux = module.apply(p, x, return_aux_loss=True)
+      return jnp.sum(out * jnp.cos(x)) + aux, out
+    return jax.jit(jax.grad(loss, has_aux=True))(params)
+
+  (g_ref, o_ref), (g, o) = run(ref), run(mod)
+  assert rel_err(o, o_ref) < 1e-5
+  for name in ("router", "w1", "w2"):
+    a, b = (linen_unbox(t["params"][name]) for t in (g, g_ref))
+    assert rel_err(a, b) < 1e-5, name
+  with pytest.raises(ValueError, match="sharding must be a MoESharding"):
+    ShardedMoELinen(**kw).init(jax.random.key(0), x)
+
+
+def linen_unbox(v):
+  return v.unbox() if hasattr(v, "unbox") else v
+
+
 def _bad(cfg_kw=None, sizes=None, **shape_kw):
   sizes = sizes or dict(data=2, expert=4)
   cfg = MoESharding(_mesh(sizes), **(cfg_kw or dict(expert_axis="expert")))
