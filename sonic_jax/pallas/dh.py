@@ -8,10 +8,14 @@ For every grouped row p of expert e (spec §4, SonicMoE's minimal-activation bac
   dH[p]  = s_p · dSwiGLU(dA'[p]) in concat layout            (h.dtype)
   A'[p]  = s_p · A[p]                                       (h.dtype, the dW2 operand)
 
-M tiles come from ``TileMetadata`` (each tile lies inside one expert and starts at its group's
-first row, so no kernel loop over all experts). Rows of an M tile past its group's end are
-computed (wasted) but never stored: row-ragged TMA stores go through a power-of-two ladder of
-static-size descriptors. dS is reduced per (M tile, N tile) in registers and written as full
+M tiles are block-aligned (tile rows [b·block_m, (b+1)·block_m) of the grouped order) and one
+tile is emitted per (block, expert) intersection, with its metadata (expert, block, first and
+last valid row) computed in JAX (``AlignedTiles``), so no kernel loops over experts. Aligned
+starts are required: Mosaic GPU's TMA into tiled/swizzled SMEM (the wgmma operand layout)
+needs GMEM row starts divisible by the SMEM tiling, so group-start tiles (``tiles.py``'s
+``TileMetadata``) do not lower on Hopper ("prove the divisibility of index 0"). Rows of a tile
+outside its expert are computed (wasted) but never stored: row-ragged TMA stores go through a
+power-of-two ladder of static-size descriptors. dS is reduced per (M tile, N tile) in registers and written as full
 per-tile partial rows, then summed over N tiles in JAX: deterministic and free of atomics.
 
 The dO gather is an XLA gather feeding the kernel (the first fast path of
@@ -30,7 +34,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from sonic_jax.pallas.tiles import TileMetadata, make_tile_metadata
 from sonic_jax.routing import RoutingPlan
 
 _F32 = jnp.float32
@@ -69,6 +72,13 @@ class DhConfig:
           f"{self.epi_n}")
 
 
+def dh_config_for(d: int, n: int) -> DhConfig:
+  """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64."""
+  del d
+  block_n = 128 if n % 128 == 0 else 64
+  return DhConfig(block_n=block_n, epi_n=min(64, block_n))
+
+
 def _num_sms(config, interpret: bool) -> int:
   if config.num_sms is not None:
     return config.num_sms
@@ -88,17 +98,19 @@ def interpret_params(interpret):
   return plgpu.InterpretGPUParams(out_of_bounds_reads="uninitialized")
 
 
-def _store_rows(src_smem, dst_gmem, num_rows, max_rows: int):
-  """TMA-stores src_smem[:num_rows] to dst_gmem[:num_rows] (num_rows traced, <= max_rows).
+def _store_rows(src_smem, dst_gmem, row0, lo, cols, num_rows, max_rows: int):
+  """TMA-stores src_smem[lo:lo + num_rows] to dst_gmem[row0 + lo:row0 + lo + num_rows, cols].
 
-  TMA boxes are static, so a ladder of power-of-two descriptors covers any row count.
+  num_rows is traced (<= max_rows) but TMA boxes are static, so a ladder of power-of-two
+  descriptors covers any row count (the scheme of jax's ragged_dot_mgpu epilogue).
   """
-  offset = jnp.int32(0)
+  offset = lo
   size = 1 << int(math.log2(max_rows))
   while size >= 1:
     @pl.when((num_rows & size) != 0)
     def _(size=size, offset=offset):
-      plgpu.copy_smem_to_gmem(src_smem.at[pl.ds(offset, size)], dst_gmem.at[pl.ds(offset, size)])
+      plgpu.copy_smem_to_gmem(src_smem.at[pl.ds(offset, size)],
+                              dst_gmem.at[pl.ds(row0 + offset, size), cols])
     offset = offset + (num_rows & size)
     size //= 2
 
@@ -132,16 +144,54 @@ def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhC
     raise ValueError(f"n ({n}) must be a multiple of DhConfig.block_n ({config.block_n})")
 
 
-def _tile_of_row(plan: RoutingPlan, tiles: TileMetadata):
-  """(P,) grouped row -> (its M tile, its row inside the tile, valid)."""
-  bm = tiles.block_m
-  p = jnp.arange(plan.capacity, dtype=jnp.int32)
-  offsets = plan.group_offsets
-  e = jnp.clip(jnp.searchsorted(offsets[1:], p, side="right"), 0, plan.num_experts - 1)
-  tiles_per_expert = (plan.group_sizes + bm - 1) // bm
-  tile_begin = jnp.cumsum(tiles_per_expert, dtype=jnp.int32) - tiles_per_expert
-  local = p - offsets[e]
-  return tile_begin[e] + local // bm, local % bm, p < offsets[-1]
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AlignedTiles:
+  """Block-aligned M tiles, one per (block, expert) intersection; (num_tiles_max,) int32.
+
+  Tile i computes rows [block[i]·bm, block[i]·bm + bm) with expert[i]'s weights and stores
+  rows [block[i]·bm + lo[i], block[i]·bm + lo[i] + rows[i]). Tiles past the live count have
+  rows == 0.
+  """
+
+  expert: jax.Array
+  block: jax.Array
+  lo: jax.Array
+  rows: jax.Array
+  tile_begin: jax.Array  # (E,) first tile of each expert
+  first_block: jax.Array  # (E,) first block each expert touches
+  block_m: int = dataclasses.field(metadata=dict(static=True))
+
+  @classmethod
+  def create(cls, group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int,
+             capacity: int) -> "AlignedTiles":
+    num_experts = group_sizes.shape[0]
+    starts, ends = group_offsets[:-1], group_offsets[1:]
+    first_block = starts // block_m
+    tiles_per_expert = jnp.where(group_sizes > 0, (ends - 1) // block_m - first_block + 1, 0)
+    tile_end = jnp.cumsum(tiles_per_expert, dtype=jnp.int32)
+    tile_begin = tile_end - tiles_per_expert
+    # Σ_e blocks touched <= blocks + (E - 1) boundaries that can split a block.
+    n_max = -(-capacity // block_m) + num_experts
+    i = jnp.arange(n_max, dtype=jnp.int32)
+    expert = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1)
+    expert = expert.astype(jnp.int32)
+    live = i < tile_end[-1]
+    block = first_block[expert] + i - tile_begin[expert]
+    block_start = block * block_m
+    lo = jnp.maximum(starts[expert], block_start) - block_start
+    hi = jnp.minimum(ends[expert], block_start + block_m) - block_start
+    return cls(expert=jnp.where(live, expert, 0), block=jnp.where(live, block, 0),
+               lo=jnp.where(live, lo, 0), rows=jnp.where(live, hi - lo, 0),
+               tile_begin=tile_begin, first_block=first_block, block_m=block_m)
+
+  def tile_of_row(self, plan: RoutingPlan):
+    """(P,) grouped row -> (its tile, its row inside the tile's block, valid)."""
+    bm = self.block_m
+    p = jnp.arange(plan.capacity, dtype=jnp.int32)
+    e = jnp.clip(jnp.searchsorted(plan.group_offsets[1:], p, side="right"), 0,
+                 plan.num_experts - 1)
+    return self.tile_begin[e] + p // bm - self.first_block[e], p % bm, p < plan.group_offsets[-1]
 
 
 def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
@@ -153,13 +203,14 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   dout_gathered: optional (P, d) = dout[plan.gather_idx] when the caller already has it.
   Returns dH (P, 2n) h.dtype, A' (P, n) h.dtype, dS (P,) fp32 (0 on padding rows), grouped order.
   """
-  config = config or DhConfig()
+  config = config or dh_config_for(jnp.shape(dout)[-1], (jnp.shape(w2) + (0, 0))[1])
   validate_dh_args(dout, w2, h, scores_grouped, plan, config)
   num_experts, n, d = w2.shape
   p_rows = plan.capacity
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   dtype = h.dtype
-  tiles = make_tile_metadata(plan.group_sizes, plan.group_offsets, block_m=bm, capacity=p_rows)
+  tiles = AlignedTiles.create(plan.group_sizes, plan.group_offsets, block_m=bm,
+                             capacity=p_rows)
   tiles_max = tiles.expert.shape[0]
   grid_n = n // bn
   lhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
@@ -167,41 +218,50 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
     raise ValueError(f"dout_gathered must have shape (P, d) = {(p_rows, d)}, got {lhs.shape}")
   scores_grouped = scores_grouped.astype(_F32)
 
-  def body(expert_gmem, row_start_gmem, rows_gmem, lhs_gmem, w2_gmem, h_gmem, s_gmem,
-           dh_gmem, ap_gmem, dsp_gmem):
+  # Explicit SMEM layouts for the H tiles (TMA in, WGMMA-layout loads out): annotations keep
+  # Mosaic's layout-inference search small.
+  swizzle = plgpu.find_swizzle(epi_n * jnp.dtype(dtype).itemsize * 8)
+  h_transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+                  plgpu.SwizzleTransform(swizzle))
+
+  def body(meta_gmem, lhs_gmem, w2_gmem, h_gmem, s_gmem, dh_gmem, ap_gmem, dsp_gmem):
     @plgpu.nd_loop((tiles_max * grid_n,), collective_axes="sm")
     def _(loop_info: plgpu.NDLoopInfo):
       mi, ni = plgpu.planar_snake(loop_info.index[0], (tiles_max, grid_n), 1,
                                   config.grid_block_n)
-      rows = rows_gmem[mi]
+      rows = meta_gmem[3, mi]
 
       @pl.when(rows > 0)
       def _():
-        e = expert_gmem[mi]
-        row_start = row_start_gmem[mi]
-        m_slice = pl.ds(row_start, bm)  # may run past P on the last tile: never stored
+        e = meta_gmem[0, mi]
+        blk = meta_gmem[1, mi]
+        lo = meta_gmem[2, mi]
+        row_start = pl.multiple_of(blk * bm, bm)
+        m_slice = pl.ds(row_start, bm)  # may run past P on the last block: never stored
 
         def acc_scope(acc_ref):
           plgpu.emit_pipeline(
               lambda _, a_smem, b_smem: plgpu.wgmma(acc_ref, a_smem, b_smem.T),
               grid=(d // bk,),
               in_specs=[
-                  plgpu.BlockSpec((bm, bk), lambda k: (0, k), delay_release=1),
+                  plgpu.BlockSpec((bm, bk), lambda k: (blk, k), delay_release=1),
                   plgpu.BlockSpec((bn, bk), lambda k: (ni, k), delay_release=1),
               ],
               max_concurrent_steps=config.max_concurrent_steps,
-          )(lhs_gmem.at[m_slice], w2_gmem.at[e])
+          )(lhs_gmem, w2_gmem.at[e])
           return acc_ref[...]
 
         acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
 
         @functools.partial(
             pl.run_scoped,
-            gate_smem=plgpu.SMEM((bm, bn), dtype),
-            up_smem=plgpu.SMEM((bm, bn), dtype),
-            dgate_smem=plgpu.SMEM((bm, bn), dtype),
-            dup_smem=plgpu.SMEM((bm, bn), dtype),
-            ap_smem=plgpu.SMEM((bm, bn), dtype),
+            gate_smem=plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
+            up_smem=plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
+            # Outputs are chunked (chunk, row, col) so each chunk is a whole untiled SMEM
+            # array: the ragged row stores slice it at arbitrary rows.
+            dgate_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
+            dup_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
+            ap_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
             s_smem=plgpu.SMEM((bm,), _F32),
             ds_smem=plgpu.SMEM((bm,), _F32),
             barriers=plgpu.Barrier(num_barriers=3),
@@ -217,11 +277,12 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
           s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
           ds = None
           # Column chunks keep only epi_n columns of gate/up/temporaries live in registers.
+          wgmma = plgpu.Layout.WGMMA
           for c in range(bn // epi_n):
-            cols = slice(c * epi_n, (c + 1) * epi_n)
-            da = acc[:, cols]
-            gate = gate_smem[:, cols].astype(_F32)
-            up = up_smem[:, cols].astype(_F32)
+            cols = pl.ds(c * epi_n, epi_n)
+            da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma)
+            gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma).astype(_F32)
+            up = plgpu.load(up_smem.at[:, cols], layout=wgmma).astype(_F32)
             sig = 1.0 / (1.0 + jnp.exp(-gate))
             silu = gate * sig
             a = silu * up
@@ -229,15 +290,17 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             ds = part if ds is None else ds + part
             s_b = lax.broadcast_in_dim(s, (bm, epi_n), [0])
             ds_b = da * s_b
-            dgate_smem[:, cols] = (ds_b * up * sig * (1.0 + gate * (1.0 - sig))).astype(dtype)
-            dup_smem[:, cols] = (ds_b * silu).astype(dtype)
-            ap_smem[:, cols] = (a * s_b).astype(dtype)
-          ds_smem[...] = ds
+            dgate_smem[c] = plgpu.layout_cast(
+                (ds_b * up * sig * (1.0 + gate * (1.0 - sig))).astype(dtype), wgmma)
+            dup_smem[c] = plgpu.layout_cast((ds_b * silu).astype(dtype), wgmma)
+            ap_smem[c] = plgpu.layout_cast((a * s_b).astype(dtype), wgmma)
+          ds_smem[...] = plgpu.layout_cast(ds, plgpu.Layout.WGMMA.reduce(1))
           plgpu.commit_smem()
-          _store_rows(dgate_smem, dh_gmem.at[pl.ds(row_start, bm), pl.ds(ni * bn, bn)], rows, bm)
-          _store_rows(dup_smem, dh_gmem.at[pl.ds(row_start, bm), pl.ds(n + ni * bn, bn)], rows,
-                      bm)
-          _store_rows(ap_smem, ap_gmem.at[pl.ds(row_start, bm), pl.ds(ni * bn, bn)], rows, bm)
+          for c in range(bn // epi_n):
+            col = ni * bn + c * epi_n
+            _store_rows(dgate_smem.at[c], dh_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
+            _store_rows(dup_smem.at[c], dh_gmem, row_start, lo, pl.ds(n + col, epi_n), rows, bm)
+            _store_rows(ap_smem.at[c], ap_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
           plgpu.copy_smem_to_gmem(ds_smem, dsp_gmem.at[ni, mi])
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -252,11 +315,13 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret_params(interpret),
   )
-  dh_out, a_prime, ds_part = kernel(tiles.expert, tiles.row_start, tiles.rows, lhs, w2, h,
-                                    scores_grouped)
-  tile, within, valid = _tile_of_row(plan, tiles)
+  # One freshly built metadata buffer: Mosaic GPU custom calls need 256-byte aligned inputs,
+  # which an XLA slice of a larger array need not be.
+  meta = jnp.stack([tiles.expert, tiles.block, tiles.lo, tiles.rows])
+  dh_out, a_prime, ds_part = kernel(meta, lhs, w2, h, scores_grouped)
+  tile, within, valid = tiles.tile_of_row(plan)
   ds = jnp.sum(ds_part[:, jnp.minimum(tile, tiles_max - 1), within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 
 
-__all__ = ["DhConfig", "dh", "validate_dh_args"]
+__all__ = ["AlignedTiles", "DhConfig", "dh", "dh_config_for", "validate_dh_args"]

@@ -61,6 +61,11 @@ class WgradConfig:
       raise ValueError(f"WgradConfig.out_dtype must be None or 'float32', got {self.out_dtype!r}")
 
 
+def wgrad_config_for(m: int, n: int) -> WgradConfig:
+  """Default tiling for an (E, m, n) output: 128-wide tiles where the shape allows, else 64."""
+  return WgradConfig(block_m=128 if m % 128 == 0 else 64, block_n=128 if n % 128 == 0 else 64)
+
+
 def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
   ln, rn = names
   p = plan.capacity
@@ -82,7 +87,7 @@ def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
 def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
                   config: WgradConfig | None = None, interpret=False) -> jax.Array:
   """out[e] = Σ_{p in group e} lhs[p]ᵀ ⊗ rhs[p]: lhs (P, M), rhs (P, N) -> (E, M, N)."""
-  config = config or WgradConfig()
+  config = config or wgrad_config_for(lhs.shape[-1], rhs.shape[-1])
   _validate(lhs, rhs, plan, config, ("lhs", "rhs"))
   p_rows, m = lhs.shape
   n = rhs.shape[1]
@@ -96,15 +101,14 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
   grid_m, grid_n = m // bm, n // bn
   delay = 1 if config.max_concurrent_steps > 1 else 0
 
-  def body(starts_gmem, ends_gmem, block_starts_gmem, num_blocks_gmem, lhs_gmem, rhs_gmem,
-           o_gmem):
+  def body(meta_gmem, lhs_gmem, rhs_gmem, o_gmem):
     @plgpu.nd_loop((g, grid_m * grid_n), collective_axes="sm")
     def _(loop_info: plgpu.NDLoopInfo):
       gi = loop_info.index[0]
       mi, ni = plgpu.planar_snake(loop_info.index[1], (grid_m, grid_n), 1, config.grid_block_n)
-      start, end = starts_gmem[gi], ends_gmem[gi]
-      block_start = pl.multiple_of(block_starts_gmem[gi], bk)
-      nblocks = num_blocks_gmem[gi]
+      start, end = meta_gmem[0, gi], meta_gmem[1, gi]
+      block_start = pl.multiple_of(meta_gmem[2, gi], bk)
+      nblocks = meta_gmem[3, gi]
 
       def acc_scope(acc_ref):
         def step(idx, lhs_smem, rhs_smem):
@@ -160,7 +164,11 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret_params(interpret),
   )
-  return kernel(starts, ends, block_starts, num_blocks, lhs, rhs)
+  # One freshly built metadata buffer: Mosaic GPU custom calls need 256-byte aligned inputs,
+  # and slices of plan.group_offsets are not (measured: "Input buffer 1 is not 256-byte
+  # aligned" on H200).
+  meta = jnp.stack([starts, ends, block_starts, num_blocks]).astype(jnp.int32)
+  return kernel(meta, lhs, rhs)
 
 
 def dw1(x: jax.Array, dh: jax.Array, plan: RoutingPlan, *, config: WgradConfig | None = None,
@@ -172,7 +180,8 @@ def dw1(x: jax.Array, dh: jax.Array, plan: RoutingPlan, *, config: WgradConfig |
   if getattr(x, "ndim", None) != 2 or x.shape[0] != plan.num_tokens:
     raise ValueError(f"x must have shape (T, d) with T = {plan.num_tokens}, got {jnp.shape(x)}")
   lhs = x[plan.gather_idx] if x_gathered is None else x_gathered
-  _validate(lhs, dh, plan, config or WgradConfig(), ("x[gather_idx]", "dh"))
+  config = config or wgrad_config_for(lhs.shape[-1], dh.shape[-1])
+  _validate(lhs, dh, plan, config, ("x[gather_idx]", "dh"))
   return grouped_outer(lhs, dh, plan, config=config, interpret=interpret)
 
 
@@ -187,8 +196,9 @@ def dw2(dout: jax.Array, a_prime: jax.Array, plan: RoutingPlan, *,
     raise ValueError(
         f"dout must have shape (T, d) with T = {plan.num_tokens}, got {jnp.shape(dout)}")
   rhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
-  _validate(a_prime, rhs, plan, config or WgradConfig(), ("a_prime", "dout[gather_idx]"))
+  config = config or wgrad_config_for(a_prime.shape[-1], rhs.shape[-1])
+  _validate(a_prime, rhs, plan, config, ("a_prime", "dout[gather_idx]"))
   return grouped_outer(a_prime, rhs, plan, config=config, interpret=interpret)
 
 
-__all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2"]
+__all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2", "wgrad_config_for"]
