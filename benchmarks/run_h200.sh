@@ -75,8 +75,9 @@ if [ -f csrc/CMakeLists.txt ] && [ "$BUILD_FFI" != 0 ]; then
   fi
 fi
 
-# 3. The benchmark. It saves its JSON after every measurement; a hard timeout leaves time to
-#    write the Markdown and plots from whatever was measured.
+# 3. The benchmark, every implementation in its own process (--isolate: a kernel that breaks the
+#    CUDA context costs only its own rows). The JSON is saved after every implementation; a hard
+#    timeout leaves time to write the Markdown and plots from whatever was measured.
 LEFT=$(( TOTAL - $(since) - 25 ))
 [ $LEFT -lt 90 ] && LEFT=90
 echo "== python -m sonic_jax.bench (budget $LEFT s, $(since) s spent so far)"
@@ -90,7 +91,7 @@ for name in ("pallas", "ffi"):
     print(f"  {name}: {e}")
 PY
 timeout --signal=TERM --kill-after=10 $(( LEFT + 60 )) \
-  $PY -m sonic_jax.bench --configs all 4096,1024,512,16,2 --backends auto --baselines all \
+  $PY -m sonic_jax.bench --configs all 4096,1024,512,16,2 --backends auto --baselines all --isolate \
     --warmup 2 --iters 10 --time-budget-s "$LEFT" --out-dir "$RESULTS" ${BENCH_ARGS:-}
 rc=$?
 JSON=$(ls -t "$RESULTS"/bench-*.json 2>/dev/null | head -n 1)

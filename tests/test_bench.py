@@ -11,6 +11,7 @@ from sonic_jax.bench import cli, configs, readme, report
 from sonic_jax.bench.impls import SonicBackend, make_impl
 from sonic_jax.bench.problems import RoutingSpec
 from sonic_jax.bench.runner import Options, Runner, check_against_xla, check_config
+from sonic_jax.bench.timing import on_gpu
 from sonic_jax.xla_backend import XlaKernels
 
 SMOKE = "32,64,64,6,2"  # T, d, n, E (not a power of two), K
@@ -154,6 +155,30 @@ def test_failures_are_rows_not_crashes(tmp_path, monkeypatch):
   assert rows["dense-ceiling"]["status"] == "ok" and set(rows["dense-ceiling"]["modes"]) == {"fwd"}
   assert "failed" in report.terminal_table(doc)
   assert json.loads((tmp_path / "r.json").read_text())["meta"]["complete"]
+
+
+def test_isolated_children_rows_are_merged(tmp_path):
+  out = tmp_path / "iso"
+  rc = cli.main(["--configs", SMOKE, "--backends", "pallas", "--baselines", "dense-ceiling",
+                 "--modes", "fwd", "--iters", "1", "--warmup", "0", "--isolate", "--no-plots",
+                 "--out-dir", str(out), "--quiet"])
+  assert rc == 0
+  (js,) = out.glob("*.json")
+  doc = json.loads(js.read_text())
+  rows = {r["impl"]: r for r in doc["results"]}
+  assert doc["meta"]["isolated"] and doc["meta"]["complete"]
+  assert rows["dense-ceiling"]["status"] == "ok" and rows["dense-ceiling"]["modes"]["fwd"]["ms"] > 0
+  if not on_gpu():
+    assert rows["pallas"]["status"] == "skipped" and "unavailable" in rows["pallas"]["reason"]
+  assert not list(out.glob("*parts*"))
+
+  # A child that dies leaves "failed" rows with the reason, and the parent carries on.
+  from sonic_jax.bench.isolate import run_isolated
+  runner = Runner(configs.parse_configs(SMOKE), ["dense-ceiling"], RoutingSpec(),
+                  Options(modes=("fwd",)), progress=lambda s: None)
+  doc = run_isolated(runner, ["--configs", SMOKE, "--modes", "bogus"], str(tmp_path / "w"))
+  (row,) = doc["results"]
+  assert row["status"] == "failed" and "exited with code 2" in row["reason"], row
 
 
 def _pallas_interpret_or_skip():

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--tag", default="", help="extra suffix for the file names")
   ap.add_argument("--no-plots", action="store_true")
   ap.add_argument("--quiet", action="store_true", help="no progress lines")
+  ap.add_argument("--isolate", action="store_true",
+                  help="run every implementation in its own process (a crash or a poisoned "
+                       "CUDA context costs only its rows)")
+  ap.add_argument("--json-path", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
   return ap
 
 
@@ -112,14 +117,25 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     ap.error(str(e))
   stem = output_stem(args.out_dir, args.name, spec, args.tag)
-  command = "python -m sonic_jax.bench " + " ".join(
-      shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+  raw_argv = list(sys.argv[1:] if argv is None else argv)
+  command = "python -m sonic_jax.bench " + " ".join(shlex.quote(a) for a in raw_argv)
   progress = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
-  progress(f"sonic_jax.bench: {len(configs)} configs x {len(impls)} implementations "
-           f"({', '.join(impls)}), routing {spec.label}, results -> {stem}.*")
-  runner = Runner(configs, impls, spec, opts, json_path=stem + ".json", progress=progress,
+  json_path = args.json_path or stem + ".json"
+  if not args.json_only:
+    progress(f"sonic_jax.bench: {len(configs)} configs x {len(impls)} implementations "
+             f"({', '.join(impls)}), routing {spec.label}, results -> {stem}.*")
+  runner = Runner(configs, impls, spec, opts, json_path=json_path, progress=progress,
                   command=command)
-  doc = runner.run()
+  if args.isolate and not args.json_only:
+    from sonic_jax.bench.isolate import run_isolated
+    import tempfile
+    child_argv = [a for a in raw_argv if a != "--isolate"]
+    with tempfile.TemporaryDirectory(prefix="sonic_jax_bench_") as work_dir:
+      doc = run_isolated(runner, child_argv, work_dir)
+  else:
+    doc = runner.run()
+  if args.json_only:
+    return 0
   print()
   print(terminal_table(doc))
   print()

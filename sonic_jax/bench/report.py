@@ -74,7 +74,8 @@ def table_rows(doc: dict) -> list[list[str]]:
     mem = memory_bytes(r)
     saved = r.get("saved_act_bytes")
     note = r.get("reason") or ""
-    if r["status"] == "ok" and r.get("imbalance") and r["imbalance"] > 1.5:
+    if (r["status"] == "ok" and r["kind"] != "ceiling" and r.get("imbalance")
+        and r["imbalance"] > 1.5):
       note = f"load max/mean {r['imbalance']:.1f}"
     out.append([
         r["config"], r["impl"],

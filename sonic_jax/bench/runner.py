@@ -30,9 +30,10 @@ from sonic_jax.bench.timing import (compile_fn, device_label, memory_stats, on_g
                                     time_compiled)
 
 MODES = ("fwd", "bwd", "fwdbwd")
-# Cumulative shares of --time-budget-s by which each pass must have started its last job:
-# backends + ceiling, their checks, JAX baselines, their checks, PyTorch SonicMoE.
-PASS_SHARES = (0.6, 0.68, 0.88, 0.92, 1.0)
+# Weights of the passes in --time-budget-s (backends + ceiling, their checks, JAX baselines,
+# their checks, PyTorch SonicMoE). Each pass that has work may start jobs until its cumulative
+# share of the budget (renormalized over the passes with work) is spent.
+PASS_WEIGHTS = (60, 8, 20, 4, 8)
 
 
 @dataclasses.dataclass
@@ -236,17 +237,21 @@ class Runner:
     torch_baselines = [i for i in self.impls if i.name == "sonicmoe-torch"]
     # With a time budget every pass may run until its share of it is spent (time a pass leaves
     # unused goes to the next), so a slow pass cannot starve the baselines entirely.
-    shares = iter(PASS_SHARES)
-    self._pass(primary, self._measure_jax, next(shares))
-    share = next(shares)
-    if self.opts.check:
-      self._pass([i for i in primary if i.checkable], self._check, share)
-    self._pass(jax_baselines, self._measure_jax, next(shares))
-    share = next(shares)
-    if self.opts.check:
-      self._pass([i for i in jax_baselines if i.checkable], self._check, share)
+    check = self.opts.check
+    passes = [
+        (primary, self._measure_jax),
+        ([i for i in primary if i.checkable] if check else [], self._check),
+        (jax_baselines, self._measure_jax),
+        ([i for i in jax_baselines if i.checkable] if check else [], self._check),
+        (torch_baselines, self._measure_torch),
+    ]
+    active = [w if impls else 0 for (impls, _), w in zip(passes, PASS_WEIGHTS)]
+    total, done = max(sum(active), 1), 0
+    for (impls, fn), w in zip(passes, active):
+      done += w
+      if impls:
+        self._pass(impls, fn, done / total)
     self._ref_cache.clear()
-    self._pass(torch_baselines, self._measure_torch, next(shares))
     for row in self.doc["results"]:
       if row["status"] == "pending":
         row["status"], row["reason"] = "skipped", "skipped: time budget"
