@@ -7,7 +7,6 @@ import jax.numpy as jnp
 
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.pallas import configs as cfg_lib
-from sonic_jax.pallas.tiles import make_tile_metadata
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -94,23 +93,19 @@ class PallasKernels(ExpertKernels):
     except ValueError as e:
       raise ValueError(f"x/w1/w2 shapes (d = {d}, n = {n}) cannot be tiled: {e}") from None
 
-  def _tiles(self, plan, block_m):
-    return make_tile_metadata(plan.group_sizes, plan.group_offsets, block_m=block_m,
-                              capacity=plan.capacity)
-
   # ---------------------------------------------------------------------------- forward
   def up_proj(self, x, w1, plan, *, inference=False):
     from sonic_jax.pallas.grouped_gemm import grouped_gemm
     d, n = x.shape[1], w1.shape[2] // 2
     config = self._up_config(d, n)
-    return grouped_gemm(x, w1, self._tiles(plan, config.block_m), num_rows=plan.capacity,
+    return grouped_gemm(x, w1, plan.group_sizes, plan.group_offsets, num_rows=plan.capacity,
                         gather_idx=plan.gather_idx, epilogue="swiglu", inference=inference,
                         config=config, interpret=self.interpret)
 
   def down_proj(self, a, w2, plan):
     from sonic_jax.pallas.grouped_gemm import grouped_gemm
     config = self._down_config(a.shape[1], w2.shape[2])
-    return grouped_gemm(a, w2, self._tiles(plan, config.block_m), num_rows=plan.capacity,
+    return grouped_gemm(a, w2, plan.group_sizes, plan.group_offsets, num_rows=plan.capacity,
                         config=config, interpret=self.interpret)
 
   def combine(self, y, plan, scores, out_dtype):
@@ -122,7 +117,7 @@ class PallasKernels(ExpertKernels):
     from sonic_jax.pallas.grouped_gemm import grouped_gemm
     config = self._dx_config(dh.shape[1], w1.shape[1])
     # w1 (E, d, 2n) is the (E, N, k) transposed rhs of dH (P, 2n) · w1[e]ᵀ.
-    return grouped_gemm(dh, w1, self._tiles(plan, config.block_m), num_rows=plan.capacity,
+    return grouped_gemm(dh, w1, plan.group_sizes, plan.group_offsets, num_rows=plan.capacity,
                         transpose_rhs=True, config=config, interpret=self.interpret)
 
   # --------------------------------------------------------------------------- backward

@@ -14,6 +14,7 @@ untiled staging ring, then registers -> swizzled SMEM -> wgmma; see docs/pallas-
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Literal
@@ -24,7 +25,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.configs import GemmConfig
 
 Epilogue = Literal["none", "swiglu"]
@@ -61,6 +61,55 @@ def _ragged_store(smem, gmem, *, off, rows, dst_row, max_rows: int):
                               gmem.at[pl.ds(dst_row + start - off, size)])
     start = start + (rows & size)
     size //= 2
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WindowTiles:
+  """M-tiles whose load windows start on 8-row boundaries, (num_tiles_max,) int32 arrays.
+
+  Tile i loads lhs rows [load[i], load[i] + block_m) and owns rows [dst[i], dst[i] + rows[i])
+  of expert expert[i] (load[i] <= dst[i], dst[i] + rows[i] <= load[i] + block_m). TMA into a
+  swizzled SMEM tile needs a GMEM row coordinate Mosaic can prove to be a multiple of 8, so
+  unlike ``tiles.TileMetadata`` (tiles starting at group starts) the windows start at
+  floor8(group start) + i·block_m; that adds at most one tile per expert. Tiles past
+  ``num_tiles`` have rows == 0.
+  """
+
+  expert: jax.Array
+  load: jax.Array
+  dst: jax.Array
+  rows: jax.Array
+  num_tiles: jax.Array
+  block_m: int = dataclasses.field(metadata=dict(static=True))
+
+
+def make_window_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int,
+                      capacity: int, m_rows: int) -> WindowTiles:
+  """group_sizes (E,), group_offsets (E+1,) -> WindowTiles; m_rows (a multiple of 8, >= block_m)
+  is the row count of the loaded array (windows are clamped to end inside it)."""
+  num_experts = group_sizes.shape[0]
+  # Σ_e ceil((f_e + 7) / block_m) <= cdiv(Σ f_e + 7·E', block_m) + E' over the E' <= P
+  # non-empty experts.
+  nonempty = min(num_experts, capacity)
+  n_max = -(-(capacity + 7 * nonempty) // block_m) + nonempty
+  begin = group_offsets[:-1]
+  end = begin + group_sizes
+  aligned = (begin // 8) * 8
+  per_expert = jnp.where(group_sizes > 0, (end - aligned + block_m - 1) // block_m, 0)
+  tile_end = jnp.cumsum(per_expert, dtype=jnp.int32)
+  tile_begin = tile_end - per_expert
+  i = jnp.arange(n_max, dtype=jnp.int32)
+  e = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1).astype(jnp.int32)
+  num_tiles = tile_end[-1]
+  live = i < num_tiles
+  win = aligned[e] + (i - tile_begin[e]) * block_m
+  dst = jnp.maximum(begin[e], win)
+  rows = jnp.minimum(end[e], win + block_m) - dst
+  load = jnp.minimum(win, m_rows - block_m)
+  z = lambda a: jnp.where(live, a, 0).astype(jnp.int32)
+  return WindowTiles(expert=z(e), load=z(load), dst=z(dst), rows=z(rows), num_tiles=num_tiles,
+                     block_m=block_m)
 
 
 def _swiglu_f32(g, u):
@@ -109,7 +158,8 @@ def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogu
 def grouped_gemm(
     lhs: jax.Array,  # (M, k): grouped rows, or token rows when gather_idx is given
     rhs: jax.Array,  # (E, k, N), or (E, N, k) with transpose_rhs
-    tile_md: tiles_lib.TileMetadata,
+    group_sizes: jax.Array,  # (E,) int32
+    group_offsets: jax.Array,  # (E+1,) int32
     *,
     num_rows: int,
     gather_idx: jax.Array | None = None,  # (num_rows,) int32 grouped row -> lhs row
@@ -119,7 +169,10 @@ def grouped_gemm(
     config: GemmConfig = GemmConfig(),
     interpret=False,
 ):
-  """Grouped GEMM over the M-tiles of ``tile_md``; returns (num_rows, N) or, for SwiGLU, (H, A).
+  """Grouped GEMM over expert groups; returns (num_rows, N) or, for SwiGLU, (H, A).
+
+  Rows [group_offsets[e], group_offsets[e+1]) of lhs (or of lhs[gather_idx]) are multiplied by
+  rhs[e]; the M-tiles are ``make_window_tiles`` metadata computed here, once per call, in JAX.
 
   epilogue "none": out (num_rows, N) in lhs.dtype. "swiglu": N = 2n (concat layout), returns
   H (num_rows, 2n) (None when ``inference``) and A = silu(H_gate)·H_up (num_rows, n), both from
@@ -138,26 +191,28 @@ def grouped_gemm(
   n_out = n_total // 2 if epilogue == "swiglu" else n_total
   validate_gemm(lhs.shape[0], k, n_out, config, epilogue=epilogue, what="grouped_gemm")
   bm = config.block_m
-  if tile_md.block_m != bm:
-    raise ValueError(f"tile metadata block_m {tile_md.block_m} != config.block_m {bm}")
 
   if gather_idx is not None and config.gather == "xla":
     lhs = lhs[gather_idx]
     gather_idx = None
-  # Every tile reads a full block_m window; keep the arrays at least that tall.
+  # Every tile reads a full block_m window starting on a multiple of 8 rows: keep the loaded
+  # array at least block_m tall and a multiple of 8 rows (a copy only for odd tiny shapes).
   out_rows = max(num_rows, bm)
-  if gather_idx is None and lhs.shape[0] < bm:
-    lhs = jnp.pad(lhs, ((0, bm - lhs.shape[0]), (0, 0)))
-  if gather_idx is not None and gather_idx.shape[0] < bm:
-    gather_idx = jnp.pad(gather_idx, (0, bm - gather_idx.shape[0]))
-  m_src = lhs.shape[0] if gather_idx is None else gather_idx.shape[0]
+  src_rows = lhs.shape[0] if gather_idx is None else gather_idx.shape[0]
+  m_src = -(-max(src_rows, bm) // 8) * 8
+  if gather_idx is None and m_src != src_rows:
+    lhs = jnp.pad(lhs, ((0, m_src - src_rows), (0, 0)))
+  if gather_idx is not None and m_src != src_rows:
+    gather_idx = jnp.pad(gather_idx, (0, m_src - src_rows))
+  tiles = make_window_tiles(group_sizes, group_offsets, block_m=bm, capacity=num_rows,
+                            m_rows=m_src)
 
   outs = _build_kernel(
       m_src=m_src, k=k, n_total=n_total, num_experts=num_experts, out_rows=out_rows,
       dtype=lhs.dtype, transpose_rhs=transpose_rhs, epilogue=epilogue, inference=inference,
       fused_gather=gather_idx is not None, config=config, interpret=interpret)(
-          tile_md.expert, tile_md.row_start, tile_md.rows,
-          jnp.reshape(tile_md.num_tiles, (1,)).astype(jnp.int32),
+          tiles.expert, tiles.load, tiles.dst, tiles.rows,
+          jnp.reshape(tiles.num_tiles, (1,)).astype(jnp.int32),
           *(() if gather_idx is None else (gather_idx.astype(jnp.int32),)), lhs, rhs)
   outs = [o if o.shape[0] == num_rows else o[:num_rows] for o in outs]
   if epilogue == "swiglu":
@@ -196,12 +251,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
                                    delay_release=1))
     return specs
 
-  def tile_info(expert_ref, start_ref, rows_ref, mi):
+  def tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi):
     e = expert_ref[mi]
-    row_start = start_ref[mi]
-    rows = rows_ref[mi]
-    row_load = jnp.minimum(row_start, m_src - bm)
-    return e, row_start, rows, row_load, row_start - row_load
+    row_load = pl.multiple_of(load_ref[mi], 8)  # lets the TMA into swizzled SMEM lower
+    row_start = dst_ref[mi]
+    return e, row_start, rows_ref[mi], row_load, row_start - row_load
 
   def epilogue_store(accs, out_refs, epi_smem, *, ni, wg, row_start, rows, off):
     """accs: fp32 values (bm, bn) of this warpgroup; writes its column slice of each output."""
@@ -238,14 +292,14 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       plgpu.wgmma(acc, a_smem, b_op)
 
   # ---------------------------------------------------------------- single warpgroup, XLA gather
-  def body_single(expert_ref, start_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
+  def body_single(expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
     out_refs = rest[:len(out_cols)]
     num_tiles = ntiles_ref[0]
 
     @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
     def _tile_loop(info: plgpu.NDLoopInfo):
       mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_tile_width)
-      e, row_start, rows, row_load, off = tile_info(expert_ref, start_ref, rows_ref, mi)
+      e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
 
       def acc_scope(*acc_refs):
         def step(_, a_smem, *b_smems):
@@ -272,7 +326,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   # ------------------------------------- warp specialized: 1 TMA warpgroup + wgs consumer groups
-  def body_ws(expert_ref, start_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
+  def body_ws(expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
     out_refs = rest[:len(out_cols)]
     num_tiles = ntiles_ref[0]
 
@@ -302,7 +356,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       def _tile_loop(info: plgpu.NDLoopInfo):
         mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1,
                                     config.grid_tile_width)
-        e, row_start, rows, row_load, off = tile_info(expert_ref, start_ref, rows_ref, mi)
+        e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
         wg_slice = pl.ds(wg * bn, bn)
 
         def compute_context(eval_pipeline):
@@ -325,7 +379,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   # ----------------------------------------------- fused gather: per-row TMA into a staging ring
-  def body_fused(expert_ref, start_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref, *rest):
+  def body_fused(expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref,
+                 *rest):
     out_refs = rest[:len(out_cols)]
     stage, a_tiled, b_bufs, bars = rest[len(out_cols):]
     num_tiles = ntiles_ref[0]
@@ -345,7 +400,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
     def _tile_loop(info: plgpu.NDLoopInfo):
       mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_tile_width)
-      e, row_start, rows, row_load, off = tile_info(expert_ref, start_ref, rows_ref, mi)
+      e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
       for s in range(min(slots - 1, k_steps)):
         issue(s, s, row_load, e, ni)
 
