@@ -42,6 +42,9 @@ def parse_args(argv=None):
   p.add_argument("--dtype", default=None, help="compute dtype (default: bf16 on GPU, f32 on CPU)")
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--check", action="store_true",
+                 help="before training, compare the sharded loss and gradients with the "
+                      "unsharded model on one batch")
   return p.parse_args(argv)
 
 
@@ -94,6 +97,7 @@ def main(argv=None) -> dict:
         flush=True)
 
   model = MoELM(cfg, nnx.Rngs(args.seed))
+  unsharded = nnx.clone(model) if args.check else None
   replaced = shard_moe_layers(model, sharding)
   place_params(model, sharding)
   w1 = model.blocks[0].moe.moe.w1[...]
@@ -112,6 +116,8 @@ def main(argv=None) -> dict:
 
   batch_sharding = NamedSharding(mesh, sharding.token_spec)  # (B, S): B over the token axes
   data_iter = ByteBatches(load_text(), cfg.seq_len, args.batch, seed=args.seed)
+  if unsharded is not None:
+    _check(model, unsharded, data_iter.valid_batch(args.batch), batch_sharding, loss_fn)
   tokens_per_step = args.batch * cfg.seq_len
   losses, times = [], []
   for step in range(args.steps):
@@ -128,7 +134,7 @@ def main(argv=None) -> dict:
       rate = f"{tokens_per_step / dt:,.0f} tokens/s" if step >= 2 else "(compile)"
       print(f"step {step + 1:4d}  loss {ce:.3f}  {rate}", flush=True)
   steady = tokens_per_step * len(times) / sum(times) if times else float("nan")
-  k = min(5, len(losses))
+  k = max(1, min(5, len(losses) // 2))
   result = dict(devices=n_dev, device_kind=jax.devices()[0].device_kind,
                 mesh=dict(data=data, fsdp=args.fsdp, expert=expert), backend=backend,
                 dtype=cfg.dtype, routing=cfg.routing, steps=args.steps,
@@ -137,6 +143,27 @@ def main(argv=None) -> dict:
   print(f"loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
         f"{steady:,.0f} tokens/s (steady state, compile excluded)", flush=True)
   return result
+
+
+def _check(model, unsharded, batch, batch_sharding, loss_fn):
+  """Prints the relative difference of loss and gradients, sharded vs one device."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  @nnx.jit
+  def value_and_grad(m, inputs, targets):
+    return nnx.value_and_grad(loss_fn, has_aux=True)(m, inputs, targets)
+
+  (loss_s, _), g_s = value_and_grad(model, *(jax.device_put(jnp.asarray(a), batch_sharding)
+                                             for a in batch))
+  (loss_u, _), g_u = value_and_grad(unsharded, *(jnp.asarray(a) for a in batch))
+  flat = lambda g: np.concatenate([np.ravel(np.asarray(a, np.float64))  # noqa: E731
+                                   for a in jax.tree.leaves(g)])
+  a, b = flat(g_s), flat(g_u)
+  print(f"check vs unsharded: loss {float(loss_s):.6f} vs {float(loss_u):.6f}; gradients rel. "
+        f"error {np.linalg.norm(a - b) / np.linalg.norm(b):.2e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -454,19 +454,16 @@ def shard_moe_layers(model: nnx.Module, sharding: MoESharding) -> int:
 
 
 def place_params(model: nnx.Module, sharding: MoESharding) -> None:
-  """Puts every MoE parameter (router / w1 / w2 of ``nn.MoE``) on the mesh with its spec from
-  ``sharding.param_specs()`` and replicates all other parameters, in place."""
-  specs = sharding.param_specs()
-  state = nnx.state(model, nnx.Param)
-
-  def place(key_path, value):
-    path = [str(getattr(k, "key", getattr(k, "name", k))) for k in key_path]
-    if path and path[-1] == "value":  # Variable leaf
-      path = path[:-1]
-    spec = specs.get(path[-1]) if len(path) > 1 and path[-2] == "moe" else None
-    return jax.device_put(value, NamedSharding(sharding.mesh, spec if spec is not None else P()))
-
-  nnx.update(model, jax.tree_util.tree_map_with_path(place, state))
+  """Puts the parameters of every ``nn.MoE`` inside ``model`` (wrapped or not) on the mesh with
+  the specs of ``sharding.param_specs()`` and replicates all other parameters, in place."""
+  replicated = NamedSharding(sharding.mesh, P())
+  nnx.update(model, jax.tree.map(lambda v: jax.device_put(v, replicated),
+                                 nnx.state(model, nnx.Param)))
+  for _, node in nnx.iter_graph(model):
+    if isinstance(node, MoE):
+      for name, spec in sharding.param_specs().items():
+        var = getattr(node, name)
+        var.set_value(jax.device_put(var.get_value(), NamedSharding(sharding.mesh, spec)))
 
 
 __all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "place_params",
