@@ -95,7 +95,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
     ran = [i for i, _ in impls if any(by.get((c, i), {}).get("status") in ("ok", "partial")
                                       for c in configs)]
     has_paper = any(r.get("paper_tflops") for r in doc["results"])
-    mem_impls = [i for i in ran if i != "dense-ceiling"]
+    kinds = dict(impls)
+    mem_impls = [i for i in ran if kinds.get(i) == "backend"
+                 or i in ("mgpu-grouped", "sonicmoe-torch")]
     header = (["config", "T, d, n, E, K"] + ran + (["paper H100 SonicMoE"] if has_paper else [])
               + [f"GiB {i}" for i in mem_impls])
     rows = []
