@@ -18,7 +18,9 @@
 #
 # Knobs (environment): BENCH_TOTAL_S (default 470: seconds for everything), WHEELS_DIR,
 # BUILD_FFI (auto|0|1; auto = build csrc/ when the library is missing and nvcc exists),
-# FFI_BUILD_S (default 240), RESULTS_DIR (default benchmarks/results), BENCH_ARGS (extra arguments for python -m sonic_jax.bench).
+# FFI_BUILD_S (default 240), RESULTS_DIR (default benchmarks/results), BENCH_ARGS (extra
+# arguments for python -m sonic_jax.bench; later options override earlier ones).
+# A prebuilt libsonic_jax_cuda.so carried as sonic_jax/ffi/libsonic_jax_cuda.so skips the build.
 set -uo pipefail
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
