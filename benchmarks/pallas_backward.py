@@ -150,7 +150,7 @@ def spot_check_big(a, g, got_dh, got_w1, got_w2, results):
   results["spot_check_big"] = out
 
 
-def bench(shape, iters, results):
+def bench(shape, iters, results, only="all"):
   t, d, n, e, k = shape
   log(f"== benchmark shape T={t} d={d} n={n} E={e} K={k} (bf16) ==")
   a = make_inputs(t, d, n, e, k, seed=1)
@@ -194,10 +194,9 @@ def bench(shape, iters, results):
   try_(lambda: record("xla gather dout[gather_idx] (P,d)", "gather",
                       time_ms(gather, a["dout"], plan.gather_idx, iters=iters), 0.0))
 
-  dh_cfgs = {
+  dh_cfgs = {} if only == "wgrad" else {
       "dh 128x128x64 s4 gbn8 epi64": DhConfig(),
-      "dh 128x64x64 s4 gbn8 epi64": DhConfig(block_n=64, epi_n=64),
-      "dh 128x128x64 s5 gbn4 epi32": DhConfig(max_concurrent_steps=5, grid_block_n=4, epi_n=32),
+      "dh 128x128x64 s3 gbn4 epi128": DhConfig(max_concurrent_steps=3, grid_block_n=4, epi_n=128),
   }
   best_dh = None
   for name, cfg in dh_cfgs.items():
@@ -217,10 +216,9 @@ def bench(shape, iters, results):
                         time_ms(fg, a["dout"], a["w2"], a["h"], s, plan, iters=iters),
                         f_dh_flops))
 
-  wg_cfgs = {
+  wg_cfgs = {} if only == "dh" else {
       "wgrad 128x128x64 s4 gbn1": WgradConfig(),
       "wgrad 128x128x64 s5 gbn4": WgradConfig(max_concurrent_steps=5, grid_block_n=4),
-      "wgrad 128x128x64 s4 gbn1 f32out": WgradConfig(out_dtype="float32"),
   }
   best_wg = None
   for name, cfg in wg_cfgs.items():
@@ -251,7 +249,7 @@ def bench(shape, iters, results):
         grid_block_n=1))
     record("jax transposed_ragged_dot_mgpu dw1 shape", "reference",
            time_ms(f, g["x"], a["dh"], plan.group_sizes, iters=iters), f_w1_flops)
-  if not INTERPRET:
+  if not INTERPRET and only != "dh":
     try_(jax_trd)
 
   # Spot check the kernels' results at this shape against float32 per-expert references.
@@ -271,10 +269,10 @@ def bench(shape, iters, results):
                      "wgrad": best_wg[0] if best_wg else None}
 
 
-def write(results, out_dir, argv):
+def write(results, out_dir, argv, suffix=""):
   date = datetime.date.today().isoformat()
   os.makedirs(out_dir, exist_ok=True)
-  stem = os.path.join(out_dir, f"pallas-backward-h200-{date}")
+  stem = os.path.join(out_dir, f"pallas-backward{suffix}-h200-{date}")
   with open(stem + ".json", "w") as f:
     json.dump(results, f, indent=1, default=str)
   lines = [f"# Pallas backward kernels on {results['device']}, {date}", "",
@@ -300,6 +298,8 @@ def main():
   ap.add_argument("--shape", default="32768,4096,1024,128,8")
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--skip-correctness", action="store_true")
+  ap.add_argument("--only", choices=("all", "dh", "wgrad"), default="all",
+                  help="time one kernel family (a kernel fault poisons the process's CUDA context)")
   ap.add_argument("--interpret", action="store_true",
                   help="CPU smoke run in the GPU interpreter (tiny --shape only, no timings)")
   args = ap.parse_args()
@@ -318,10 +318,10 @@ def main():
     log(f"correctness FAILED: {type(ex).__name__}: {str(ex)[:3000]}")
     traceback.print_exc()
   try:
-    bench(shape, args.iters, results)
+    bench(shape, args.iters, results, args.only)
   finally:
     results["log"] = LOG
-    write(results, args.out, sys.argv)
+    write(results, args.out, sys.argv, "" if args.only == "all" else "-" + args.only)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from sonic_jax.routing import RoutingPlan
 from sonic_jax.xla_backend import XlaKernels
 
 XLA = XlaKernels()
-DH_CFG = DhConfig(block_m=64, block_n=64, block_k=64, epi_n=32)
+DH_CFG = DhConfig(block_m=64, block_n=128, block_k=64, epi_n=64)  # two epilogue chunks
 WG_CFG = WgradConfig(block_m=64, block_n=64, block_k=64)
 # bf16 outputs round at 2^-9 relative; fp32 results (dS) are checked much tighter.
 BF16_TOL = 8e-3
@@ -67,7 +67,7 @@ CASES = {
 }
 
 
-def _inputs(case, d=128, n=64, seed=1):
+def _inputs(case, d=128, n=128, seed=1):
   sizes, t, k, cap = CASES[case]
   plan = make_plan(sizes, t, k, capacity=cap)
   keys = jax.random.split(jax.random.key(seed), 5)
@@ -162,7 +162,7 @@ def test_validation_errors():
   with pytest.raises(ValueError, match="h must have shape"):
     dh(a["dout"], a["w2"], a["h"][:, :64], s, plan, config=DH_CFG, interpret=True)
   with pytest.raises(ValueError, match="multiple of DhConfig.block_n"):
-    dh(a["dout"], a["w2"], a["h"], s, plan, config=DhConfig(block_n=128), interpret=True)
+    dh(a["dout"], a["w2"], a["h"], s, plan, config=DhConfig(block_n=256), interpret=True)
   with pytest.raises(ValueError, match="bfloat16 or float16"):
     dh(a["dout"].astype(jnp.float32), a["w2"], a["h"], s, plan, config=DH_CFG, interpret=True)
   with pytest.raises(ValueError, match="scores_grouped"):
@@ -171,10 +171,14 @@ def test_validation_errors():
     dw1(a["x"], a["dh"], plan, config=WgradConfig(block_m=256), interpret=True)
   with pytest.raises(ValueError, match="share a dtype"):
     dw2(a["dout"], a["a_prime"].astype(jnp.float16), plan, config=WG_CFG, interpret=True)
+  with pytest.raises(ValueError, match="block_m"):
+    dw2(a["dout"], a["a_prime"][:, :96], plan, config=WG_CFG, interpret=True)
   with pytest.raises(ValueError, match="x must have shape"):
     dw1(a["x"][1:], a["dh"], plan, config=WG_CFG, interpret=True)
   with pytest.raises(ValueError, match="multiple of 64"):
     DhConfig(block_m=32)
+  with pytest.raises(ValueError, match="epi_n"):
+    DhConfig(epi_n=32)
 
 
 @pytest.mark.parametrize("kernel", ["dh", "wgrad"])

@@ -66,9 +66,10 @@ class DhConfig:
         raise ValueError(f"DhConfig.{f} must be a positive int, got {v!r}")
     if self.block_m % 64:
       raise ValueError(f"DhConfig.block_m must be a multiple of 64, got {self.block_m}")
-    if self.block_n % self.epi_n or self.epi_n % 8:
+    # epi_n = 32 (64-byte rows, 64-byte swizzle) crashed on H200 with a misaligned address.
+    if self.block_n % self.epi_n or self.epi_n % 64:
       raise ValueError(
-          f"DhConfig.epi_n must be a multiple of 8 dividing block_n ({self.block_n}), got "
+          f"DhConfig.epi_n must be a multiple of 64 dividing block_n ({self.block_n}), got "
           f"{self.epi_n}")
 
 
