@@ -206,3 +206,41 @@ def test_pallas_interpret_check_and_timing():
     pytest.skip(f"pallas backend fails in the interpreter at this size: {row['reason']}")
   assert row["modes"]["fwd"]["ms"] > 0 and row["modes"]["fwd"]["timer"] == "wall"
   assert row["check"]["ok"], row["check"]
+
+
+def _fake_gpu_doc():
+  """A results document shaped like a GPU run (numbers are made up for rendering only)."""
+  cfg = configs.parse_configs("paper-7B-n256")[0]
+  base = {"config": cfg.name, "T": cfg.T, "d": cfg.d, "n": cfg.n, "E": cfg.E, "K": cfg.K,
+          "routing": "topk", "paper_tflops": list(cfg.paper_tflops),
+          "sonic_h200_tflops": list(cfg.sonic_h200_tflops)}
+  ok = {"status": "ok", "reason": None, "check": {"ok": True, "max_rel_err": 4e-3},
+        "saved_act_bytes": 2**30, "modes": {
+            "fwd": {"ms": 1.0, "tflops": 300.0, "compile_s": 5.0, "footprint_bytes": 3 * 2**30},
+            "bwd": {"ms": 2.0, "tflops": 310.0},
+            "fwdbwd": {"ms": 3.0, "tflops": 305.0, "compile_s": 9.0,
+                       "footprint_bytes": 5 * 2**30}}}
+  rows = [{**base, "impl": "pallas", "kind": "backend", **ok},
+          {**base, "impl": "tokamax", "kind": "baseline", **ok,
+           "check": {"ok": False, "max_rel_err": 5e-2}},
+          {**base, "impl": "ffi", "kind": "backend", "status": "skipped",
+           "reason": "unavailable: not built", "modes": {}}]
+  meta = {"date": "2026-12-02 12:00 UTC", "device": "h200", "device_kind": "NVIDIA H200",
+          "platform": "gpu", "versions": {"jax": "0.11.2"}, "command": "x", "routing": "topk",
+          "options": {"warmup": 2, "iters": 10, "bwd_direct": False, "check_tol": 0.03},
+          "timing": "cupti", "flops": "paper", "complete": True}
+  return {"meta": meta, "results": rows}
+
+
+def test_gpu_shaped_results_render(tmp_path):
+  doc = _fake_gpu_doc()
+  md = report.markdown(doc)
+  assert "Against the paper" in md and "| paper-7B-n256 | pallas | 300 | 363 | 310 | 403 |" in md
+  (tmp_path / "bench-h200-2026-12-02.json").write_text(json.dumps(doc))
+  sec = readme.section(readme.select(readme.load_results(str(tmp_path))),
+                       str(tmp_path / "README.md"))
+  assert "NVIDIA H200" in sec and "paper H100 SonicMoE" in sec
+  assert "| paper-7B-n256 | 24576, 1536, 256, 128, 8 | 300 / 310 | 300 / 310 ✗ |" in sec
+  assert "363 / 403 | 240 / 303 | 5.00 |" in sec  # paper, original H200, pallas GiB
+  header = next(line for line in sec.split("\n") if line.startswith("| config |"))
+  assert "pallas" in header and "ffi" not in header  # a backend that never ran: no column

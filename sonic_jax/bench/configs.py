@@ -24,6 +24,8 @@ class BenchConfig:
   K: int
   source: str = "command line"
   paper_tflops: tuple[float, float] | None = None
+  # The original PyTorch SonicMoE measured on one H200 (sonicmoe-spec.md §7.2b): fwd, fwd+bwd.
+  sonic_h200_tflops: tuple[float, float] | None = None
 
   def __post_init__(self):
     for field in ("T", "d", "n", "E", "K"):
@@ -39,7 +41,8 @@ class BenchConfig:
 
   def scaled(self, T: int, suffix: str = "") -> "BenchConfig":
     """The same layer with T tokens (for correctness checks at reference-friendly sizes)."""
-    return dataclasses.replace(self, name=self.name + suffix, T=T, paper_tflops=None)
+    return dataclasses.replace(self, name=self.name + suffix, T=T, paper_tflops=None,
+                               sonic_h200_tflops=None)
 
 
 def flops(mode: str, pairs: int, d: int, n: int) -> float:
@@ -54,9 +57,15 @@ def flops(mode: str, pairs: int, d: int, n: int) -> float:
   return float(factor) * pairs * d * n
 
 
+# The original SonicMoE (0.1.2.post1) on one H200, 2026-12-02 (spec §7.2b): fwd, fwd+bwd TF/s.
+_SONIC_H200 = {(24576, 1536, 256, 128, 8): (240, 303), (24576, 1536, 1024, 32, 2): (265, 278),
+               (32768, 4096, 256, 256, 16): (463, 414), (32768, 4096, 1024, 128, 8): (564, 537)}
+
+
 def _paper(label, T, d, n, E, K, fwd, bwd):
   return BenchConfig(f"paper-{label}-n{n}", T, d, n, E, K,
-                     source="SonicMoE paper Fig. 14 (H100)", paper_tflops=(fwd, bwd))
+                     source="SonicMoE paper Fig. 14 (H100)", paper_tflops=(fwd, bwd),
+                     sonic_h200_tflops=_SONIC_H200.get((T, d, n, E, K)))
 
 
 # SonicMoE Fig. 14: (model, T, d, n, E, K, SonicMoE fwd TF/s, bwd TF/s on an H100).

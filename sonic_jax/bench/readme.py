@@ -98,7 +98,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
     kinds = dict(impls)
     mem_impls = [i for i in ran if kinds.get(i) == "backend"
                  or i in ("mgpu-grouped", "sonicmoe-torch")]
+    has_h200 = any(r.get("sonic_h200_tflops") for r in doc["results"])
     header = (["config", "T, d, n, E, K"] + ran + (["paper H100 SonicMoE"] if has_paper else [])
+              + (["original SonicMoE H200 (fwd / f+b)"] if has_h200 else [])
               + [f"GiB {i}" for i in mem_impls])
     rows = []
     for c in configs:
@@ -108,6 +110,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
       if has_paper:
         p = any_row.get("paper_tflops")
         cells.append(f"{p[0]:.0f} / {p[1]:.0f}" if p else "")
+      if has_h200:
+        h = any_row.get("sonic_h200_tflops")
+        cells.append(f"{h[0]:.0f} / {h[1]:.0f}" if h else "")
       for i in mem_impls:
         r = by.get((c, i))
         mem = memory_bytes(r) if r and r["status"] in ("ok", "partial") else None

@@ -147,11 +147,21 @@ def markdown(doc: dict, plots: list[str] | None = None) -> str:
   paper = [r for r in doc["results"] if r.get("paper_tflops")]
   parts += ["## Results", "", _md_table(COLUMNS, table_rows(doc)), ""]
   if paper:
-    parts += ["## Against the paper (SonicMoE on an H100, Fig. 14)", "",
-              _md_table(["config", "impl", "fwd TF/s", "paper fwd", "bwd TF/s", "paper bwd"],
-                        [[r["config"], r["impl"], _fmt(_mode(r, "fwd", "tflops"), ".0f"),
-                          f"{r['paper_tflops'][0]:.0f}", _fmt(_mode(r, "bwd", "tflops"), ".0f"),
-                          f"{r['paper_tflops'][1]:.0f}"]
+    def h200(r, i):
+      v = r.get("sonic_h200_tflops")
+      return f"{v[i]:.0f}" if v else ""
+
+    parts += ["## Against the paper and the recorded original",
+              "",
+              "Paper: SonicMoE on an H100 (Fig. 14), fwd / bwd. Original on H200: the PyTorch "
+              "SonicMoE measured on one H200 on 2026-12-02 (sonicmoe-spec.md §7.2b), fwd / "
+              "fwd+bwd.", "",
+              _md_table(["config", "impl", "fwd TF/s", "paper fwd", "bwd TF/s", "paper bwd",
+                         "f+b TF/s", "original H200 fwd", "original H200 f+b"],
+                        [[r["config"], r["impl"], _tf(_mode(r, "fwd", "tflops")),
+                          f"{r['paper_tflops'][0]:.0f}", _tf(_mode(r, "bwd", "tflops")),
+                          f"{r['paper_tflops'][1]:.0f}", _tf(_mode(r, "fwdbwd", "tflops")),
+                          h200(r, 0), h200(r, 1)]
                          for r in paper if r["status"] in ("ok", "partial")
                          and r["kind"] != "ceiling"]), ""]
   for p in plots or []:

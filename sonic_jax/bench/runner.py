@@ -202,7 +202,9 @@ class Runner:
         row = {"config": cfg.name, "T": cfg.T, "d": cfg.d, "n": cfg.n, "E": cfg.E, "K": cfg.K,
                "routing": spec.label, "impl": impl.name, "kind": impl.kind,
                "status": "pending", "reason": None, "modes": {},
-               "paper_tflops": list(cfg.paper_tflops) if cfg.paper_tflops else None}
+               "paper_tflops": list(cfg.paper_tflops) if cfg.paper_tflops else None,
+               "sonic_h200_tflops": (list(cfg.sonic_h200_tflops) if cfg.sonic_h200_tflops
+                                     else None)}
         self.rows[(cfg.name, impl.name)] = row
         self.doc["results"].append(row)
     self.total_jobs = len(self.rows) + (len(self.rows) if opts.check else 0)
