@@ -30,7 +30,7 @@ CPU_CFG = ForwardConfig(
     up_proj=GemmConfig(block_n=64, **_SMALL),
     down_proj=GemmConfig(block_n=64, **_SMALL),
     dx_pairs=GemmConfig(block_n=32, **dict(_SMALL, block_k=32)),
-    combine=CombineConfig(block_d=64, slots=2, num_sms=2))
+    combine=CombineConfig(impl="mosaic", block_d=64, slots=2, num_sms=2))
 PALLAS = PallasKernels(interpret=True, config=CPU_CFG)
 
 
@@ -155,6 +155,13 @@ def test_combine_matches_xla(weighted):
   assert _rel(out, ref) < 1e-5  # fp32 accumulation of the same bf16 rows
 
 
+def test_combine_default_xla_impl_matches_xla():
+  plan = _case("straddle_e5")
+  y = tokens(plan.capacity, 64, seed=8)
+  out = PallasKernels(interpret=True).combine(y, plan, plan.scores, jnp.float32)
+  assert _rel(out, XLA.combine(y, plan, plan.scores, jnp.float32)) < 1e-6
+
+
 def test_combine_fewer_tokens_than_block_bf16_out():
   plan = _case("fewer_pairs_than_tile")
   y = tokens(plan.capacity, 64, seed=6)
@@ -247,6 +254,8 @@ def test_config_rejects_bad_fields():
     GemmConfig(gather="tma")
   with pytest.raises(ValueError, match="block_d"):
     CombineConfig(block_d=300)
+  with pytest.raises(ValueError, match="impl"):
+    CombineConfig(impl="triton")
 
 
 # ------------------------------------------------------------------------------------- GPU
@@ -275,7 +284,9 @@ def test_gpu_forward_matches_xla(shape, gather):
   y = jax.jit(kern.down_proj)(a_ref, w2, plan)
   y_ref = jax.jit(XLA.down_proj)(a_ref, w2, plan)
   assert _rel(y, y_ref) < BF16_TOL
-  out = jax.jit(kern.combine, static_argnums=3)(y_ref, plan, plan.scores, jnp.float32)
-  assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
+  for impl in ("xla", "mosaic"):
+    kc = PallasKernels(config=ForwardConfig(combine=configs.combine_config(d, impl)))
+    out = jax.jit(kc.combine, static_argnums=3)(y_ref, plan, plan.scores, jnp.float32)
+    assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
   dh = h_ref
   assert _rel(jax.jit(kern.dx_pairs)(dh, w1, plan), jax.jit(XLA.dx_pairs)(dh, w1, plan)) < BF16_TOL
