@@ -108,22 +108,12 @@ def test_dh_matches_xla(case):
   assert _rel(d_h[:, :n], w_dh[:, :n]) < BF16_TOL, "dH gate half"
   assert _rel(d_h[:, n:], w_dh[:, n:]) < BF16_TOL, "dH up half"
   assert np.all(np.asarray(got[2])[~m] == 0.0), "dS on padding rows"
-
-
-def test_dh_never_writes_past_the_groups():
-  """Tiles straddle the last group's end; the ragged stores must stop at its last row.
-
-  The interpreter fills fresh output buffers with NaN, so rows past the groups stay NaN
-  exactly when no store touched them.
-  """
-  a = _inputs("padding_e6")
-  plan = a["plan"]
-  d_h, a_p, _ = jax.jit(lambda *args: dh(*args, plan, config=DH_CFG, interpret=True))(
-      a["dout"], a["w2"], a["h"], plan.grouped_scores())
-  pad = ~np.asarray(plan.valid_mask())
-  assert pad.sum() > 0
-  assert np.all(np.isnan(np.asarray(d_h, np.float32)[pad])), "dH written past the groups"
-  assert np.all(np.isnan(np.asarray(a_p, np.float32)[pad])), "A' written past the groups"
+  if (~m).any():
+    # Tiles straddle the last group's end; the ragged stores must stop at its last row. The
+    # interpreter fills fresh outputs with NaN, so rows past the groups stay NaN exactly when
+    # no store touched them.
+    assert np.all(np.isnan(np.asarray(got[0], np.float32)[~m])), "dH written past the groups"
+    assert np.all(np.isnan(np.asarray(got[1], np.float32)[~m])), "A' written past the groups"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
