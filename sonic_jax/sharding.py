@@ -7,7 +7,8 @@ single-device expert block (``sonic_jax.moe_experts``, a ``jax.custom_vjp``) on 
 Mesh axes (any subset, named by ``MoESharding``):
 
 * ``data_axis`` (one name or a tuple): splits the tokens. Weights are replicated over it; their
-  gradients are summed over it (the transpose of ``pcast(..., to="varying")`` is a ``psum``).
+  gradients are summed over it (shard_map's transpose psums the cotangent of an input over the
+  axes its spec does not name).
 * ``fsdp_axis``: splits the tokens *and* the ``embed`` (d) dimension of every weight. Weights
   are all-gathered per layer inside the shard_map; autodiff turns that into a reduce-scatter of
   the weight gradients (ZeRO-3 style).
@@ -222,12 +223,6 @@ def _explicit(mesh: Mesh) -> bool:
   return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
 
-def _vary(a: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-  """Marks ``a`` device-varying over ``axes`` (its gradient is then psum-ed over them)."""
-  missing = tuple(ax for ax in axes if ax not in jax.typeof(a).mat.varying)
-  return jax.lax.pcast(a, missing, to="varying") if missing else a
-
-
 def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *,
                 sharding: MoESharding, top_k: int, renormalize: bool = True,
                 routing: str | TokenRounding = "topk",
@@ -282,9 +277,6 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
       w2 = jax.lax.all_gather(w2, cfg.fsdp_axis, axis=2, tiled=True)
     if cfg.expert_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
-    # Weights are the same on every token shard; marking them varying makes the transpose
-    # psum their per-shard gradients (and keeps the custom_vjp's cotangent types consistent).
-    router_w, w1, w2 = (_vary(a, cfg.token_axes) for a in (router_w, w1, w2))
     logits = router_logits(x, router_w)
     plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing)
     if cfg.expert_axis is None:
@@ -302,7 +294,11 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
     return out, e * jnp.sum(mean_p * freq)
 
   out_specs = (cfg.token_spec, P()) if return_aux_loss else cfg.token_spec
-  fn = jax.shard_map(body, mesh=cfg.mesh, in_specs=specs, out_specs=out_specs)
+  # check_vma=False: kernel outputs (pallas_call / ffi_call results declared with plain
+  # ShapeDtypeStructs) carry no varying-axes type, which check_vma=True rejects. Without it,
+  # the transpose sums the cotangents of inputs over the mesh axes their specs do not name:
+  # the weight gradients are psum-ed over the token axes (all_gather -> psum_scatter for FSDP).
+  fn = jax.shard_map(body, mesh=cfg.mesh, in_specs=specs, out_specs=out_specs, check_vma=False)
   return fn(x, router_w, w1, w2)
 
 

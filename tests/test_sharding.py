@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import sonic_jax
@@ -70,15 +71,49 @@ def _check(out, grads, ref_out, ref_grads, tol):
     assert rel_err(g, r) < tol, (name, rel_err(g, r))
 
 
-class _RecordingKernels(sonic_jax.xla_backend.XlaKernels):
-  """The xla kernels, recording the shapes each up_proj call sees (at trace time)."""
+def _opaque(a):
+  """Identity through a pallas_call (interpret mode) whose out_shape declares no varying mesh
+  axes, as the Pallas and FFI kernels do: to shard_map such a result is an opaque custom call."""
+  if a is None:
+    return None
+
+  def copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+  return pl.pallas_call(copy, out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+                        interpret=True)(a)
+
+
+class _OpaqueKernels(sonic_jax.xla_backend.XlaKernels):
+  """The xla kernels with every output made opaque (a stand-in for the GPU backends), recording
+  the shapes each up_proj call sees (at trace time)."""
+
+  name = "opaque"
 
   def __init__(self):
     self.seen = []
 
-  def up_proj(self, x, w1, plan, *, inference=False):
+  def up_proj(self, x, w1, plan, **kw):
     self.seen.append((x.shape, w1.shape))
-    return super().up_proj(x, w1, plan, inference=inference)
+    return tuple(map(_opaque, super().up_proj(x, w1, plan, **kw)))
+
+  def down_proj(self, *a, **kw):
+    return _opaque(super().down_proj(*a, **kw))
+
+  def combine(self, *a, **kw):
+    return _opaque(super().combine(*a, **kw))
+
+  def dh(self, *a, **kw):
+    return tuple(map(_opaque, super().dh(*a, **kw)))
+
+  def dw2(self, *a, **kw):
+    return _opaque(super().dw2(*a, **kw))
+
+  def dx_pairs(self, *a, **kw):
+    return _opaque(super().dx_pairs(*a, **kw))
+
+  def dw1(self, *a, **kw):
+    return _opaque(super().dw1(*a, **kw))
 
 
 MODES = {
@@ -95,7 +130,7 @@ def test_mode_matches_unsharded(mode):
   sizes, kw = MODES[mode]
   cfg = MoESharding(_mesh(sizes), **kw)
   args, ct, ref_out, ref_grads = _unsharded_reference()
-  kernels = _RecordingKernels()  # a backend instance passes through like "pallas" / "ffi"
+  kernels = _OpaqueKernels()  # a backend instance passes through like "pallas" / "ffi"
   out, grads, aux = _value_and_grads(
       lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend=kernels, return_aux_loss=True),
       args, ct, has_aux=True)
