@@ -118,6 +118,8 @@ def main(argv=None) -> dict:
   data_iter = ByteBatches(load_text(), cfg.seq_len, args.batch, seed=args.seed)
   if unsharded is not None:
     _check(model, unsharded, data_iter.valid_batch(args.batch), batch_sharding, loss_fn)
+    if cfg.routing != "topk":
+      print("  (token rounding rounds each device's counts, so sharded != unsharded here)")
   tokens_per_step = args.batch * cfg.seq_len
   losses, times = [], []
   for step in range(args.steps):
