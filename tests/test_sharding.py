@@ -289,7 +289,10 @@ def test_sharded_module_matches_nn_moe():
 def test_sharded_linen_module_matches_moe_linen():
   from sonic_jax.nn import MoELinen
   from sonic_jax.sharding import ShardedMoELinen
-  cfg = MoESharding(_mesh(dict(data=2, expert=4)), expert_axis="expert")
+  # Two data axes (a tuple) and an expert axis.
+  cfg = MoESharding(_mesh(dict(pod=2, data=2, expert=2)), data_axis=("pod", "data"),
+                    expert_axis="expert")
+  assert cfg.token_spec == P(("pod", "data", "expert"), None)
   x = jax.random.normal(jax.random.key(2), (4, 16, 32), jnp.float32)
   kw = dict(d_model=32, d_ff=16, num_experts=8, top_k=K, backend="xla", aux_loss_coef=0.1,
             init_std=0.2)
