@@ -302,6 +302,44 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
   return fn(x, router_w, w1, w2)
 
 
+def expert_parallel_dropped(x: jax.Array, router_w: jax.Array, *, sharding: MoESharding,
+                            top_k: int, renormalize: bool = True,
+                            routing: str | TokenRounding = "topk") -> jax.Array:
+  """Number of (token, expert) pairs ``sharded_moe`` would drop for these inputs (int32 scalar).
+
+  Routes like ``sharded_moe`` (per token shard) and counts, over all devices, the pairs that do
+  not fit the expert-parallel capacity C (see ``expert_parallel_capacity``). Always 0 without an
+  expert axis or with the dropless default. For choosing ``capacity_factor``.
+  """
+  validate_router_args(x, router_w)
+  t, d = x.shape
+  e = router_w.shape[1]
+  validate_routing_args(np.zeros((1, e), np.float32), top_k, routing)
+  sharding.validate(t, d, e)
+  cfg = sharding
+  if cfg.expert_axis is None:
+    return jnp.zeros((), jnp.int32)
+  x_size = cfg.num_expert_shards
+  cap = expert_parallel_capacity(t // cfg.num_token_shards, e, top_k, x_size, routing=routing,
+                                 capacity_factor=cfg.capacity_factor)
+  if _explicit(cfg.mesh):
+    x, router_w = (jax.sharding.reshard(a, NamedSharding(cfg.mesh, s))
+                   for a, s in ((x, cfg.token_spec), (router_w, cfg.router_spec)))
+
+  def body(x, router_w):
+    if cfg.fsdp_axis is not None:
+      router_w = jax.lax.all_gather(router_w, cfg.fsdp_axis, axis=0, tiled=True)
+    router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
+    plan = route_logits(router_logits(x, router_w), top_k=top_k, renormalize=renormalize,
+                        routing=routing)
+    bounds = plan.group_offsets[::e // x_size]
+    dropped = jnp.sum(jnp.maximum(bounds[1:] - bounds[:-1] - cap, 0), dtype=jnp.int32)
+    return jax.lax.psum(dropped, cfg.token_axes)
+
+  return jax.shard_map(body, mesh=cfg.mesh, in_specs=(cfg.token_spec, cfg.router_spec),
+                       out_specs=P(), check_vma=False)(x, router_w)
+
+
 def _expert_parallel(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *,
                      axis: str, num_shards: int, capacity: int, backend) -> jax.Array:
   """Per-device expert-parallel block (inside shard_map).
@@ -462,5 +500,6 @@ def place_params(model: nnx.Module, sharding: MoESharding) -> None:
         var.set_value(jax.device_put(var.get_value(), NamedSharding(sharding.mesh, spec)))
 
 
-__all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "place_params",
+__all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "expert_parallel_dropped",
+           "place_params",
            "shard_moe_layers", "sharded_moe", "ShardedMoELinen"]

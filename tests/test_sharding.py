@@ -18,7 +18,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import sonic_jax
 import sonic_jax.xla_backend
 from sonic_jax import reference
-from sonic_jax.sharding import MoESharding, expert_parallel_capacity, sharded_moe
+from sonic_jax.sharding import (MoESharding, expert_parallel_capacity, expert_parallel_dropped,
+                                sharded_moe)
 from tests.helpers import Problem, make_inputs, rel_err
 
 K = 2
@@ -252,6 +253,10 @@ def test_capacity_overflow_drops_late_pairs():
   out = jax.jit(lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend="xla"))(x, rw, w1, w2)
   assert rel_err(out, want) < 1e-5
   assert rel_err(out, sonic_jax.moe(x, rw, w1, w2, top_k=K, backend="xla")) > 1e-2
+  assert int(jax.jit(lambda x, rw: expert_parallel_dropped(x, rw, sharding=cfg, top_k=K))(
+      x, rw)) == dropped
+  dropless = MoESharding(cfg.mesh, expert_axis="expert")
+  assert int(expert_parallel_dropped(x, rw, sharding=dropless, top_k=K)) == 0
 
 
 def test_sharded_module_matches_nn_moe():
