@@ -333,7 +333,8 @@ def write_reports(data, out_dir, stem):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+  ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                  help="comma-separated names of PAPER (e.g. 30B-512) or 'all'")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
   ap.add_argument("--interpret", action="store_true")
@@ -358,7 +359,8 @@ def main():
   if not args.skip_check:
     data["xla_check"] = xla_backend_check(log, interpret=args.interpret)
   if not args.interpret:
-    for name in [c for c in args.configs.split(",") if c]:
+    names = list(PAPER) if args.configs == "all" else [c for c in args.configs.split(",") if c]
+    for name in names:
       log(f"== {name} {PAPER[name][:5]}")
       data["configs"].append(run_config(name, PAPER[name], args, log))
       write_reports(data, args.out_dir, stem)
