@@ -17,13 +17,16 @@ Mesh axes (any subset, named by ``MoESharding``):
   ``all_to_all`` of a fixed-capacity buffer, runs its E/X local experts on what it received,
   and sends the score-weighted results back, where they are summed per token.
 
+The shard_map runs with ``check_vma=False``: Pallas / FFI kernel outputs are declared with plain
+ShapeDtypeStructs (no varying-axes type), which ``check_vma=True`` rejects.
+
 Tokens are split over all named axes together, in the order (data..., fsdp, expert): the token
 spec is ``P((data..., fsdp, expert), None)``. Mesh axes not named are replicated over (each
 device along them repeats the same work), so a tensor-parallel axis used elsewhere in a model
 is harmless.
 
 Expert-parallel capacity: ``jax.lax.ragged_all_to_all`` is not implemented by XLA:CPU in jax
-0.11 (``UNIMPLEMENTED: HLO opcode ragged-all-to-all``), so the exchange is a dense
+0.11.2 (``UNIMPLEMENTED: HLO opcode ragged-all-to-all``), so the exchange is a dense
 ``all_to_all`` of a (X, C, d) buffer: C rows per (sender, receiver) pair. The default
 ``capacity_factor=None`` is dropless: C = the most pairs one device can send to another
 (``T_local * min(K, E/X)`` for top-K). A ``capacity_factor`` f sets
@@ -472,7 +475,8 @@ class ShardedMoELinen(MoELinen):
 
 
 def shard_moe_layers(model: nnx.Module, sharding: MoESharding) -> int:
-  """Replaces every ``sonic_jax.nn.MoE`` attribute inside ``model`` by a ``ShardedMoE``.
+  """Replaces every ``sonic_jax.nn.MoE`` held as a module attribute inside ``model`` (e.g.
+  ``block.moe``) by a ``ShardedMoE``.
 
   Returns the number of layers replaced (in place; parameters are shared, not copied).
   """
@@ -500,6 +504,5 @@ def place_params(model: nnx.Module, sharding: MoESharding) -> None:
         var.set_value(jax.device_put(var.get_value(), NamedSharding(sharding.mesh, spec)))
 
 
-__all__ = ["MoESharding", "ShardedMoE", "expert_parallel_capacity", "expert_parallel_dropped",
-           "place_params",
-           "shard_moe_layers", "sharded_moe", "ShardedMoELinen"]
+__all__ = ["MoESharding", "ShardedMoE", "ShardedMoELinen", "expert_parallel_capacity",
+           "expert_parallel_dropped", "place_params", "shard_moe_layers", "sharded_moe"]
