@@ -33,17 +33,11 @@ def _mesh(sizes: dict[str, int], explicit: bool = False):
   return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(kind,) * len(sizes))
 
 
-def _value_and_grads(fn, args, ct, has_aux=False):
-  """Output of fn(*args) and the gradients of <fn(*args), ct> for every argument, one jit.
-
-  With ``has_aux``, fn returns (out, aux) and the result is (out, grads, aux).
-  """
+def _value_and_grads(fn, args, ct):
+  """Output of fn(*args) and the gradients of <fn(*args), ct> for every argument, one jit."""
 
   @jax.jit
   def run(args):
-    if has_aux:
-      out, vjp, aux = jax.vjp(fn, *args, has_aux=True)
-      return out, vjp(ct), aux
     out, vjp = jax.vjp(fn, *args)
     return out, vjp(ct)
 
@@ -64,6 +58,18 @@ def _unsharded_reference():
   args = make_inputs(PROB)
   ct = jax.random.normal(jax.random.key(7), (PROB.T, PROB.d), jnp.float32)
   return (args, ct, *_moe_vjp(args, ct))
+
+
+def _aux_loss(x, router_w):
+  logits = sonic_jax.router_logits(x, router_w)
+  return sonic_jax.load_balancing_loss(logits, sonic_jax.route_logits(logits, top_k=K))
+
+
+@functools.cache
+def _unsharded_aux_reference():
+  """Global load-balancing loss and its gradients (x, router) for the mode tests' inputs."""
+  args = _unsharded_reference()[0]
+  return jax.jit(jax.value_and_grad(_aux_loss, argnums=(0, 1)))(args[0], args[1])
 
 
 def _check(out, grads, ref_out, ref_grads, tol):
@@ -132,9 +138,17 @@ def test_mode_matches_unsharded(mode):
   cfg = MoESharding(_mesh(sizes), **kw)
   args, ct, ref_out, ref_grads = _unsharded_reference()
   kernels = _OpaqueKernels()  # a backend instance passes through like "pallas" / "ffi"
-  out, grads, aux = _value_and_grads(
-      lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend=kernels, return_aux_loss=True),
-      args, ct, has_aux=True)
+
+  @jax.jit
+  def run(args):
+    (out, aux), vjp = jax.vjp(
+        lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend=kernels, return_aux_loss=True),
+        *args)
+    grads = vjp((ct, jnp.zeros_like(aux)))
+    aux_grads = vjp((jnp.zeros_like(out), jnp.ones_like(aux)))
+    return out, aux, grads, aux_grads
+
+  out, aux, grads, aux_grads = run(args)
   _check(out, grads, ref_out, ref_grads, 1e-5)
   # The kernels ran on local shapes: T/N tokens (X·C received rows with an expert axis), the
   # device's E/X experts, the full (gathered) d.
@@ -148,10 +162,11 @@ def test_mode_matches_unsharded(mode):
   for g, spec in zip(grads, (cfg.token_spec, cfg.router_spec, cfg.w1_spec, cfg.w2_spec)):
     assert g.sharding.is_equivalent_to(NamedSharding(cfg.mesh, spec), g.ndim), (
         g.sharding, spec)
-  # The aux loss is the global one (its gradient is checked in the module test).
-  logits = sonic_jax.router_logits(args[0], args[1])
-  want = sonic_jax.load_balancing_loss(logits, sonic_jax.route_logits(logits, top_k=K))
+  # The aux loss is the global one, and so are its gradients.
+  want, want_grads = _unsharded_aux_reference()
   assert abs(float(aux) - float(want)) < 1e-5 * abs(float(want))
+  for name, g, r in zip(("dx", "drouter"), aux_grads, want_grads):
+    assert rel_err(g, r) < 1e-5, ("aux " + name, rel_err(g, r))
 
 
 def test_explicit_mesh_and_spec_table():
