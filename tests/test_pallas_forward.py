@@ -192,13 +192,15 @@ def test_token_rounding_plan_padding_rows():
   assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
 
 
-def test_warp_specialized_variant_matches_xla():
-  """Producer warpgroup + two consumer warpgroups (num_compute_wgs=2)."""
-  ws = dict(_SMALL, num_compute_wgs=2, block_k=32)
+# (d, n, block_k): k steps of up_proj / down_proj = (1, 1) (the k == block_k case whose
+# producer ran tiles ahead before the end-of-tile barrier), (2, 2), and (4, 2) > 2 slots.
+@pytest.mark.parametrize("d,n,block_k", [(64, 64, 64), (64, 64, 32), (128, 64, 32)])
+def test_warp_specialized_variant_matches_xla(d, n, block_k):
+  """Producer warpgroup + two consumer warpgroups (num_compute_wgs=2), several tiles per CTA."""
+  ws = dict(_SMALL, num_compute_wgs=2, block_k=block_k)
   kern = PallasKernels(interpret=True, config=ForwardConfig(
       up_proj=GemmConfig(block_n=32, **ws), down_proj=GemmConfig(block_n=32, **ws)))
   plan = _case("empty_experts")
-  d, n = 64, 64
   x = tokens(plan.num_tokens, d)
   w1, w2 = weights(plan.num_experts, d, n)
   h, a = kern.up_proj(x, w1, plan)
@@ -247,6 +249,26 @@ def test_validate_rejects_untileable_shapes():
                                             num_compute_wgs=2), epilogue="none", what="gemm")
 
 
+def test_moe_layer_forward_single_k_step_default_config():
+  """Regression: (T, d, n, E, K) = (32, 64, 128, 6, 2) with the default heuristic configs.
+
+  up_proj gets the warp-specialized config with d == block_k (one k step): its TMA producer
+  waited for no consumer release and ran tiles ahead ("awaiting phase 2, but barrier is already
+  at phase 3" in the interpreter; a hang or overwritten operands on the GPU).
+  """
+  from sonic_jax.moe import moe
+  from sonic_jax.pallas import configs
+  t, d, n, e, k = 32, 64, 128, 6, 2
+  up = configs.swiglu_gemm_config(d, n)
+  assert up.num_compute_wgs == 2 and d == up.block_k  # the case this test is about
+  x = tokens(t, d)
+  rw = (jax.random.normal(jax.random.key(12), (d, e)) / 8).astype(jnp.bfloat16)
+  w1, w2 = weights(e, d, n)
+  out = moe(x, rw, w1, w2, top_k=k, backend=PallasKernels(interpret=True))
+  ref = moe(x, rw, w1, w2, top_k=k, backend="xla")
+  assert out.shape == (t, d) and _rel(out, ref) < BF16_TOL
+
+
 def test_moe_layer_forward_through_backend():
   """The public layer with backend=PallasKernels (routing -> up -> down -> combine) vs xla."""
   from sonic_jax.moe import moe
@@ -290,6 +312,51 @@ def test_window_tiles_cover_each_group_row_once(block_m):
       owner[dst:dst + rows] = i
     assert (owner >= 0).all()
     assert (np.asarray(t.rows[num:]) == 0).all()
+
+
+# (name, kind, d, n, GemmConfig fields): every grouped-GEMM variant the backend can pick.
+LOWERING_VARIANTS = [
+    ("up_ws_one_k_step", "up", 64, 128, dict(block_n=64, max_concurrent_steps=3,
+                                             num_compute_wgs=2)),
+    ("up_ws", "up", 256, 128, dict(block_n=64, max_concurrent_steps=3, num_compute_wgs=2)),
+    ("up_single", "up", 128, 64, dict(block_n=64, max_concurrent_steps=4)),
+    ("up_single_inference", "up_inference", 128, 64, dict(block_n=64, max_concurrent_steps=4)),
+    ("up_fused_gather", "up", 128, 64, dict(block_n=64, max_concurrent_steps=3,
+                                            gather="fused")),
+    ("down_ws", "down", 256, 128, dict(block_n=128, max_concurrent_steps=3,
+                                       num_compute_wgs=2)),
+    ("down_single_bn64", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5)),
+    ("dx_pairs_transposed", "dx", 128, 64, dict(block_n=128, max_concurrent_steps=5)),
+]
+
+
+@pytest.mark.parametrize("variant", LOWERING_VARIANTS, ids=[v[0] for v in LOWERING_VARIANTS])
+def test_forward_kernels_lower_to_mosaic_gpu(variant):
+  """Lowers the real (non-interpret) grouped GEMMs for CUDA on the CPU host.
+
+  The interpreter checks no layouts; this runs Mosaic GPU's layout inference and MLIR
+  generation for each variant (as test_pallas_backward's test_kernels_lower_to_mosaic_gpu does
+  for dh / dw), which reproduces lowering errors such as an unprovable TMA row alignment.
+  """
+  from sonic_jax.pallas.grouped_gemm import grouped_gemm
+  _, kind, d, n, fields = variant
+  plan = _case("straddle_e5")
+  cfg = GemmConfig(num_sms=132, **fields)
+  w1, w2 = weights(plan.num_experts, d, n)
+  gs, go, rows = plan.group_sizes, plan.group_offsets, plan.capacity
+  if kind.startswith("up"):
+    f = lambda x, w: grouped_gemm(x, w, gs, go, num_rows=rows, gather_idx=plan.gather_idx,
+                                  epilogue="swiglu", inference=kind == "up_inference",
+                                  config=cfg)
+    args = (tokens(plan.num_tokens, d), w1)
+  elif kind == "down":
+    f = lambda a, w: grouped_gemm(a, w, gs, go, num_rows=rows, config=cfg)
+    args = (tokens(rows, n), w2)
+  else:
+    f = lambda dh, w: grouped_gemm(dh, w, gs, go, num_rows=rows, transpose_rhs=True, config=cfg)
+    args = (tokens(rows, 2 * n), w1)
+  text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
 
 
 def test_config_rejects_bad_fields():

@@ -348,8 +348,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         allocs=get_pipeline(ignore, ignore, lambda: 0).get_allocations(
             lhs_ref.at[pl.ds(0, bm)], *dummy_rhs),
         epi_smem=plgpu.SMEM((wgs, n_epi, bm, bn), dtype),
+        # Arrived on by each consumer once its last wgmma of a tile is done, awaited by the
+        # producer before the next tile's first loads (see below).
+        tile_done=plgpu.Barrier(num_arrivals=wgs),
         collective_axes="wg")
-    def _scope(allocs, epi_smem):
+    def _scope(allocs, epi_smem, tile_done):
       wg = lax.axis_index("wg")
 
       @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
@@ -362,7 +365,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         def compute_context(eval_pipeline):
           def acc_scope(*acc_refs):
             eval_pipeline(tuple(acc_refs))
-            accs = tuple(a[...] for a in acc_refs)
+            accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
+            plgpu.barrier_arrive(tile_done)
             epilogue_store(accs, out_refs, epi_smem.at[wg], ni=ni, wg=wg, row_start=row_start,
                            rows=rows, off=off)
           pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
@@ -375,6 +379,18 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
         get_pipeline(step, compute_context, lambda: ni)(
             lhs_ref.at[pl.ds(row_load, bm)], *([rhs_ref.at[e]] * n_rhs), allocations=allocs)
+
+        # With delay_release=1 the pipeline never releases the slot of a tile's last k step
+        # (the release of step s happens in step s + 1), so its producer would start the next
+        # tile's loads, which reuse every slot, while the consumers may still read that slot;
+        # with a single k step (k == block_k) it waits for no release at all and runs tiles
+        # ahead, overrunning the full-barrier phases (a hang or stale data on the GPU, "awaiting
+        # phase 2, but barrier is already at phase 3" in the interpreter). Waiting here for the
+        # consumers' end-of-tile arrival closes both. Consumers of tile t + 1 need loads issued
+        # after this wait, so tile_done never runs more than one phase ahead.
+        @pl.when(wg == wgs)
+        def _():
+          plgpu.barrier_wait(tile_done)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
