@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
   unsharded = nnx.clone(model) if args.check else None
   replaced = shard_moe_layers(model, sharding)
   place_params(model, sharding)
-  w1 = model.blocks[0].moe.moe.w1[...]
+  w1 = model.blocks[0].moe.w1[...]
   print(f"sharded {replaced} MoE layers; w1 {w1.shape} spec {w1.sharding.spec}, "
         f"tokens spec {sharding.token_spec}", flush=True)
 

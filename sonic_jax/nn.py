@@ -4,6 +4,10 @@ Parameters (logical sharding axes in brackets, see ``LOGICAL_AXES``):
   router (d, E) ["embed", "expert"], w1 (E, d, 2n) ["expert", "embed", "mlp"] holding
   [gate | up], w2 (E, n, d) ["expert", "mlp", "embed"].
 
+Sharded training: pass ``sharding=sonic_jax.sharding.MoESharding(mesh, ...)`` (or set the
+attribute later, e.g. with ``sonic_jax.sharding.shard_moe_layers``) and the layer runs through
+``sonic_jax.sharding.sharded_moe`` on that mesh; see docs/sharding.md.
+
 Auxiliary load-balancing loss: when ``aux_loss_coef > 0`` the module sows
 ``aux_loss_coef * load_balancing_loss`` as ``nnx.Intermediate`` named ``"aux_loss"`` (Linen:
 collection ``"intermediates"``, name ``"aux_loss"``); ``__call__(x, return_aux_loss=True)``
@@ -33,7 +37,8 @@ LOGICAL_AXES = {
 Dtype = Any
 
 
-def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef):
+def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef,
+                  sharding=None):
   for name, v in (("d_model", d_model), ("d_ff", d_ff), ("num_experts", num_experts)):
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -43,19 +48,36 @@ def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_
   validate_backend_name(backend)
   if aux_loss_coef < 0:
     raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
+  if sharding is not None:
+    from sonic_jax.sharding import MoESharding  # sharding.py imports this module
+    if not isinstance(sharding, MoESharding):
+      raise ValueError(f"sharding must be None or a sonic_jax.sharding.MoESharding, got "
+                       f"{type(sharding).__name__}")
 
 
-def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, eval_routing):
-  """Shared forward of both modules: x (..., d) -> (out (..., d), aux loss scalar)."""
-  if x.shape[-1] != router_w.shape[0]:
-    raise ValueError(f"x must have last dimension d_model = {router_w.shape[0]}, got {x.shape}")
-  lead = x.shape[:-1]
-  xt = x.reshape(-1, x.shape[-1]).astype(dtype)
-  logits = router_logits(xt, router_w.astype(dtype))
-  plan = route_logits(logits, top_k=top_k, renormalize=renormalize,
-                      routing=routing if not eval_routing else "topk")
-  out = moe_experts(xt, plan, w1.astype(dtype), w2.astype(dtype), backend=backend)
-  return out.reshape(*lead, -1), load_balancing_loss(logits, plan)
+def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, eval_routing,
+           sharding=None):
+  """Shared forward of both modules: x (..., d) -> (out (..., d), aux loss scalar).
+
+  With ``sharding`` the layer runs on its mesh and the aux loss is the global one.
+  """
+  d = router_w.shape[0]
+  if x.shape[-1] != d:
+    raise ValueError(f"x must have last dimension d_model = {d}, got {x.shape}")
+  xt = x.reshape(-1, d).astype(dtype)
+  router_w, w1, w2 = router_w.astype(dtype), w1.astype(dtype), w2.astype(dtype)
+  routing = "topk" if eval_routing else routing
+  if sharding is not None:
+    from sonic_jax.sharding import sharded_moe  # sharding.py imports this module
+    out, aux = sharded_moe(xt, router_w, w1, w2, sharding=sharding, top_k=top_k,
+                           renormalize=renormalize, routing=routing, backend=backend,
+                           return_aux_loss=True)
+  else:
+    logits = router_logits(xt, router_w)
+    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing)
+    out = moe_experts(xt, plan, w1, w2, backend=backend)
+    aux = load_balancing_loss(logits, plan)
+  return out.reshape(*x.shape[:-1], d), aux
 
 
 class MoE(nnx.Module):
@@ -69,6 +91,7 @@ class MoE(nnx.Module):
       back to plain top-K (rounding is a training-time optimization).
     aux_loss_coef: weight of the sown load-balancing loss (0 disables it).
     init_std: normal init std of the experts and router (default 0.02).
+    sharding: None, or a ``sonic_jax.sharding.MoESharding`` to run the layer on a mesh.
   Call: x (..., d) -> (..., d) in ``dtype``.
   """
 
@@ -76,8 +99,8 @@ class MoE(nnx.Module):
                param_dtype: Dtype = jnp.float32, dtype: Dtype = jnp.float32,
                renormalize: bool = True, routing: str | TokenRounding = "topk",
                backend: str | ExpertKernels = "auto", aux_loss_coef: float = 0.0,
-               eval_topk: bool = True, init_std: float = 0.02):
-    _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef)
+               eval_topk: bool = True, init_std: float = 0.02, sharding=None):
+    _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef, sharding)
     init = nnx.initializers.normal(init_std)
     # Shard eagerly only inside a mesh context; otherwise keep the logical axes as metadata.
     eager = not jax.sharding.get_abstract_mesh().empty
@@ -92,12 +115,14 @@ class MoE(nnx.Module):
     self.top_k, self.renormalize, self.routing = top_k, renormalize, routing
     self.backend, self.dtype, self.aux_loss_coef = backend, dtype, aux_loss_coef
     self.eval_topk = eval_topk
+    self.sharding = sharding
     self.deterministic = False
 
   def __call__(self, x: jax.Array, *, return_aux_loss: bool = False):
     out, aux = _apply(x, self.router[...], self.w1[...], self.w2[...], top_k=self.top_k,
                       renormalize=self.renormalize, routing=self.routing, backend=self.backend,
-                      dtype=self.dtype, eval_routing=self.eval_topk and self.deterministic)
+                      dtype=self.dtype, eval_routing=self.eval_topk and self.deterministic,
+                      sharding=self.sharding)
     aux = self.aux_loss_coef * aux
     if return_aux_loss:
       return out, aux
@@ -124,11 +149,12 @@ class MoELinen(linen.Module):
   aux_loss_coef: float = 0.0
   eval_topk: bool = True
   init_std: float = 0.02
+  sharding: Any = None  # a sonic_jax.sharding.MoESharding to run on a mesh
 
   @linen.compact
   def __call__(self, x: jax.Array, deterministic: bool = False, return_aux_loss: bool = False):
     _check_config(self.d_model, self.d_ff, self.num_experts, self.top_k, self.routing,
-                  self.backend, self.aux_loss_coef)
+                  self.backend, self.aux_loss_coef, self.sharding)
     init = linen.initializers.normal(self.init_std)
 
     def param(name, shape):
@@ -140,7 +166,7 @@ class MoELinen(linen.Module):
     w2 = param("w2", (self.num_experts, self.d_ff, self.d_model))
     out, aux = _apply(x, router, w1, w2, top_k=self.top_k, renormalize=self.renormalize,
                       routing=self.routing, backend=self.backend, dtype=self.dtype,
-                      eval_routing=self.eval_topk and deterministic)
+                      eval_routing=self.eval_topk and deterministic, sharding=self.sharding)
     aux = self.aux_loss_coef * aux
     if return_aux_loss:
       return out, aux

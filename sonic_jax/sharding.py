@@ -50,13 +50,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen, nnx
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax.nn import LOGICAL_AXES, MoE, MoELinen, _check_config
+from sonic_jax.nn import LOGICAL_AXES, MoE
 from sonic_jax.routing import (RoutingPlan, TokenRounding, route_logits, router_logits,
                                validate_router_args, validate_routing_args)
 
@@ -390,109 +390,22 @@ def _expert_parallel(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Arr
   return out.astype(x.dtype)
 
 
-class ShardedMoE(nnx.Module):
-  """Runs a ``sonic_jax.nn.MoE`` layer through ``sharded_moe`` on a mesh (Flax NNX).
+def shard_moe_layers(model: nnx.Module, sharding: MoESharding | None) -> int:
+  """Sets ``sharding`` on every ``sonic_jax.nn.MoE`` inside ``model`` (in place).
 
-  Wraps (and shares the parameters of) an existing module, so a model built with ``nn.MoE``
-  layers is sharded by replacing each layer: ``block.moe = ShardedMoE(block.moe, sharding)``.
-  Same call signature and semantics as ``nn.MoE`` (dtype, eval-mode top-K fallback, sown or
-  returned aux loss); the aux loss is the global one over all T tokens. Parameters live at
-  ``<path>.moe.router / w1 / w2`` and should be placed with ``sharding.param_shardings()``
-  (``place_params`` does it), though jit reshards them otherwise.
+  Each layer then runs through ``sharded_moe`` on the mesh (None switches back to the local
+  layer). Returns the number of layers changed.
   """
-
-  def __init__(self, moe, sharding: MoESharding):
-    if not isinstance(moe, MoE):
-      raise ValueError(f"moe must be a sonic_jax.nn.MoE, got {type(moe).__name__}")
-    if not isinstance(sharding, MoESharding):
-      raise ValueError(f"sharding must be a MoESharding, got {type(sharding).__name__}")
-    self.moe = moe
-    self.sharding = sharding
-
-  def __call__(self, x: jax.Array, *, return_aux_loss: bool = False):
-    m = self.moe
-    out, aux = _module_apply(
-        x, m.router[...], m.w1[...], m.w2[...], sharding=self.sharding, top_k=m.top_k,
-        renormalize=m.renormalize, routing=m.routing, backend=m.backend, dtype=m.dtype,
-        eval_routing=m.eval_topk and getattr(m, "deterministic", False))
-    aux = m.aux_loss_coef * aux
-    if return_aux_loss:
-      return out, aux
-    if m.aux_loss_coef > 0:
-      m.sow(nnx.Intermediate, "aux_loss", aux)
-    return out
-
-
-def _module_apply(x, router_w, w1, w2, *, sharding, top_k, renormalize, routing, backend, dtype,
-                  eval_routing):
-  """Forward shared by the module wrappers: x (..., d) -> (out (..., d), global aux loss)."""
-  d = router_w.shape[0]
-  if x.shape[-1] != d:
-    raise ValueError(f"x must have last dimension d_model = {d}, got {x.shape}")
-  out, aux = sharded_moe(
-      x.reshape(-1, d).astype(dtype), router_w.astype(dtype), w1.astype(dtype),
-      w2.astype(dtype), sharding=sharding, top_k=top_k, renormalize=renormalize,
-      routing="topk" if eval_routing else routing, backend=backend, return_aux_loss=True)
-  return out.reshape(*x.shape[:-1], d), aux
-
-
-class ShardedMoELinen(MoELinen):
-  """``sonic_jax.nn.MoELinen`` run through ``sharded_moe`` (Flax Linen).
-
-  Same fields, parameters (names, shapes, logical partitioning) and call signature as
-  ``MoELinen``, plus ``sharding`` (a ``MoESharding``, required). The aux loss is the global one.
-  """
-
-  sharding: MoESharding | None = None
-
-  @linen.compact
-  def __call__(self, x: jax.Array, deterministic: bool = False,
-               return_aux_loss: bool = False):
-    if not isinstance(self.sharding, MoESharding):
-      raise ValueError(f"ShardedMoELinen.sharding must be a MoESharding, got "
-                       f"{type(self.sharding).__name__}")
-    _check_config(self.d_model, self.d_ff, self.num_experts, self.top_k, self.routing,
-                  self.backend, self.aux_loss_coef)
-    init = linen.initializers.normal(self.init_std)
-
-    def param(name, shape):
-      return self.param(name, linen.with_logical_partitioning(init, LOGICAL_AXES[name]),
-                        shape, self.param_dtype)
-
-    router = param("router", (self.d_model, self.num_experts))
-    w1 = param("w1", (self.num_experts, self.d_model, 2 * self.d_ff))
-    w2 = param("w2", (self.num_experts, self.d_ff, self.d_model))
-    out, aux = _module_apply(x, router, w1, w2, sharding=self.sharding, top_k=self.top_k,
-                             renormalize=self.renormalize, routing=self.routing,
-                             backend=self.backend, dtype=self.dtype,
-                             eval_routing=self.eval_topk and deterministic)
-    aux = self.aux_loss_coef * aux
-    if return_aux_loss:
-      return out, aux
-    if self.aux_loss_coef > 0:
-      self.sow("intermediates", "aux_loss", aux)
-    return out
-
-
-def shard_moe_layers(model: nnx.Module, sharding: MoESharding) -> int:
-  """Replaces every ``sonic_jax.nn.MoE`` held as a module attribute inside ``model`` (e.g.
-  ``block.moe``) by a ``ShardedMoE``.
-
-  Returns the number of layers replaced (in place; parameters are shared, not copied).
-  """
-  count = 0
-  for _, module in list(nnx.iter_graph(model)):
-    if not isinstance(module, nnx.Module) or isinstance(module, ShardedMoE):
-      continue
-    for name, value in list(vars(module).items()):
-      if isinstance(value, MoE):
-        setattr(module, name, ShardedMoE(value, sharding))
-        count += 1
-  return count
+  if sharding is not None and not isinstance(sharding, MoESharding):
+    raise ValueError(f"sharding must be None or a MoESharding, got {type(sharding).__name__}")
+  layers = [node for _, node in nnx.iter_graph(model) if isinstance(node, MoE)]
+  for layer in layers:
+    layer.sharding = sharding
+  return len(layers)
 
 
 def place_params(model: nnx.Module, sharding: MoESharding) -> None:
-  """Puts the parameters of every ``nn.MoE`` inside ``model`` (wrapped or not) on the mesh with
+  """Puts the parameters of every ``nn.MoE`` inside ``model`` on the mesh with
   the specs of ``sharding.param_specs()`` and replicates all other parameters, in place."""
   replicated = NamedSharding(sharding.mesh, P())
   nnx.update(model, jax.tree.map(lambda v: jax.device_put(v, replicated),
@@ -504,5 +417,5 @@ def place_params(model: nnx.Module, sharding: MoESharding) -> None:
         var.set_value(jax.device_put(var.get_value(), NamedSharding(sharding.mesh, spec)))
 
 
-__all__ = ["MoESharding", "ShardedMoE", "ShardedMoELinen", "expert_parallel_capacity",
+__all__ = ["MoESharding", "expert_parallel_capacity",
            "expert_parallel_dropped", "place_params", "shard_moe_layers", "sharded_moe"]

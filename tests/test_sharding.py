@@ -277,17 +277,18 @@ def test_capacity_overflow_drops_late_pairs():
 def test_sharded_module_matches_nn_moe():
   from flax import nnx
   from sonic_jax.nn import MoE
-  from sonic_jax.sharding import ShardedMoE, place_params
+  from sonic_jax.sharding import place_params, shard_moe_layers
   cfg = MoESharding(_mesh(dict(data=2, fsdp=2, expert=2)), fsdp_axis="fsdp",
                     expert_axis="expert")
   x = jax.random.normal(jax.random.key(1), (4, 16, 32), jnp.float32)
   # bf16 compute (f32 params), as on GPUs.
   moe = MoE(32, 16, 8, K, rngs=nnx.Rngs(0), backend="xla", aux_loss_coef=0.1, init_std=0.2,
             dtype=jnp.bfloat16)
-  sharded = ShardedMoE(moe, cfg)
+  sharded = nnx.clone(moe)
+  assert shard_moe_layers(sharded, cfg) == 1 and sharded.sharding is cfg
   place_params(sharded, cfg)
-  assert sharded.moe.w1[...].sharding.spec == cfg.w1_spec
-  assert sharded.moe.router[...].sharding.spec == cfg.router_spec
+  assert sharded.w1[...].sharding.spec == cfg.w1_spec
+  assert sharded.router[...].sharding.spec == cfg.router_spec
 
   def loss(m, x):
     out, aux = m(x, return_aux_loss=True)
@@ -303,12 +304,11 @@ def test_sharded_module_matches_nn_moe():
   assert rel_err(o, o_ref) < 1e-2
   assert abs(float(a) - float(a_ref)) < 1e-2 * abs(float(a_ref))
   for name in ("router", "w1", "w2"):
-    assert rel_err(g["moe"][name][...], g_ref[name][...]) < 2e-2, name
+    assert rel_err(g[name][...], g_ref[name][...]) < 2e-2, name
 
 
 def test_sharded_linen_module_matches_moe_linen():
   from sonic_jax.nn import MoELinen
-  from sonic_jax.sharding import ShardedMoELinen
   # Two data axes (a tuple) and an expert axis.
   cfg = MoESharding(_mesh(dict(pod=2, data=2, expert=2)), data_axis=("pod", "data"),
                     expert_axis="expert")
@@ -316,7 +316,7 @@ def test_sharded_linen_module_matches_moe_linen():
   x = jax.random.normal(jax.random.key(2), (4, 16, 32), jnp.float32)
   kw = dict(d_model=32, d_ff=16, num_experts=8, top_k=K, backend="xla", aux_loss_coef=0.1,
             init_std=0.2)
-  ref, mod = MoELinen(**kw), ShardedMoELinen(**kw, sharding=cfg)
+  ref, mod = MoELinen(**kw), MoELinen(**kw, sharding=cfg)
   params = ref.init(jax.random.key(0), x)
   assert (jax.tree.structure(params)
           == jax.tree.structure(jax.eval_shape(mod.init, jax.random.key(0), x)))
@@ -332,8 +332,8 @@ def test_sharded_linen_module_matches_moe_linen():
   for name in ("router", "w1", "w2"):
     a, b = (linen_unbox(t["params"][name]) for t in (g, g_ref))
     assert rel_err(a, b) < 1e-5, name
-  with pytest.raises(ValueError, match="sharding must be a MoESharding"):
-    ShardedMoELinen(**kw).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="sharding must be None or a sonic_jax.sharding"):
+    MoELinen(**kw, sharding="expert").init(jax.random.key(0), x)
 
 
 def linen_unbox(v):
