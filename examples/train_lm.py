@@ -24,34 +24,21 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from lm_cli import add_lm_args, lm_config_kwargs  # noqa: E402
 from lm import (ByteBatches, LMConfig, MoELM, default_dtype, load_text, loss_fn,  # noqa: E402
                 resolved_backend_name)
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--steps", type=int, default=300)
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--seq-len", type=int, default=128)
-  p.add_argument("--d-model", type=int, default=128)
-  p.add_argument("--layers", type=int, default=2)
-  p.add_argument("--experts", type=int, default=8)
-  p.add_argument("--top-k", type=int, default=2)
-  p.add_argument("--d-ff", type=int, default=128)
-  p.add_argument("--routing", default="topk", choices=["topk", "token_rounding"])
-  p.add_argument("--backend", default="auto", choices=["auto", "xla", "pallas", "ffi"])
-  p.add_argument("--dtype", default=None, help="compute dtype (default: bf16 on GPU, f32 on CPU)")
-  p.add_argument("--lr", type=float, default=3e-3)
-  p.add_argument("--seed", type=int, default=0)
+  add_lm_args(p, steps=300)
   p.add_argument("--out", default="runs/train_lm")
   return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
-  cfg = LMConfig(seq_len=args.seq_len, d_model=args.d_model, num_layers=args.layers,
-                 d_ff=args.d_ff, num_experts=args.experts, top_k=args.top_k,
-                 routing=args.routing, backend=args.backend, dtype=args.dtype or default_dtype())
+  cfg = LMConfig(**{**lm_config_kwargs(args), "dtype": args.dtype or default_dtype()})
   backend = resolved_backend_name(cfg.backend)
   print(f"device: {jax.devices()[0].device_kind} | backend: {backend} | dtype: {cfg.dtype} | "
         f"routing: {cfg.routing}", flush=True)

@@ -18,6 +18,10 @@ import argparse
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lm_cli import add_lm_args, lm_config_kwargs  # noqa: E402  (no jax import)
+
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,19 +33,7 @@ def parse_args(argv=None):
                  help="expert axis size (0: largest divisor of both the devices and --experts)")
   p.add_argument("--capacity-factor", type=float, default=None,
                  help="expert-parallel buffer size factor (default: dropless)")
-  p.add_argument("--steps", type=int, default=50)
-  p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
-  p.add_argument("--seq-len", type=int, default=128)
-  p.add_argument("--d-model", type=int, default=128)
-  p.add_argument("--layers", type=int, default=2)
-  p.add_argument("--experts", type=int, default=8)
-  p.add_argument("--top-k", type=int, default=2)
-  p.add_argument("--d-ff", type=int, default=128)
-  p.add_argument("--routing", default="topk", choices=["topk", "token_rounding"])
-  p.add_argument("--backend", default="auto", choices=["auto", "xla", "pallas", "ffi"])
-  p.add_argument("--dtype", default=None, help="compute dtype (default: bf16 on GPU, f32 on CPU)")
-  p.add_argument("--lr", type=float, default=3e-3)
-  p.add_argument("--seed", type=int, default=0)
+  add_lm_args(p, steps=50)
   p.add_argument("--check", action="store_true",
                  help="before training, compare the sharded loss and gradients with the "
                       "unsharded model on one batch")
@@ -56,7 +48,6 @@ def main(argv=None) -> dict:
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         f"{flags} --xla_force_host_platform_device_count={args.cpu_devices}").strip()
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
   import time
 
@@ -88,9 +79,7 @@ def main(argv=None) -> dict:
     raise SystemExit(f"--batch {args.batch} must be divisible by the {sharding.num_token_shards} "
                      "token shards (data·fsdp·expert)")
 
-  cfg = LMConfig(seq_len=args.seq_len, d_model=args.d_model, num_layers=args.layers,
-                 d_ff=args.d_ff, num_experts=args.experts, top_k=args.top_k,
-                 routing=args.routing, backend=args.backend, dtype=args.dtype or default_dtype())
+  cfg = LMConfig(**{**lm_config_kwargs(args), "dtype": args.dtype or default_dtype()})
   backend = sonic_jax.resolve_backend(cfg.backend).name
   print(f"devices: {n_dev} x {jax.devices()[0].device_kind} | mesh: data={data} fsdp={args.fsdp} "
         f"expert={expert} | backend: {backend} | dtype: {cfg.dtype} | routing: {cfg.routing}",
