@@ -20,3 +20,13 @@ def test_train_lm_token_rounding(tmp_path):
   r = train_lm.main(["--steps", "15", "--batch", "8", "--seq-len", "64", "--d-model", "64",
                      "--d-ff", "64", "--routing", "token_rounding", "--out", str(tmp_path)])
   assert r["last_loss"] < r["first_loss"]
+
+
+def test_train_sharded_on_host_devices():
+  import jax
+  import train_sharded
+  assert jax.device_count() == 8  # tests/conftest.py
+  r = train_sharded.main(["--steps", "8", "--batch", "8", "--seq-len", "32", "--d-model", "32",
+                          "--d-ff", "32", "--fsdp", "2", "--expert", "2", "--check"])
+  assert r["mesh"] == dict(data=2, fsdp=2, expert=2)
+  assert r["last_loss"] < r["first_loss"]
