@@ -235,9 +235,11 @@ class DenseCeiling(Impl):
         problem.x.dtype))()
 
     def layer(xr, w1, w2):
-      h = jnp.dot(xr, w1, preferred_element_type=_F32)
+      # H and A are stored in the operand dtype, as the MoE kernels do, so that every GEMM of
+      # the backward also runs on bf16 operands (an fp32 H would make autodiff run fp32 GEMMs).
+      h = jnp.dot(xr, w1, preferred_element_type=_F32).astype(xr.dtype)
       n = h.shape[-1] // 2
-      a = (jax.nn.silu(h[:, :n]) * h[:, n:]).astype(xr.dtype)
+      a = jax.nn.silu(h[:, :n]) * h[:, n:]
       return jnp.dot(a, w2, preferred_element_type=_F32).astype(xr.dtype)
 
     return layer, (xr, problem.w1[0], problem.w2[0])

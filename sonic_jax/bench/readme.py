@@ -86,6 +86,10 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
       "SwiGLU MLP of the same GEMM shapes, the ceiling a grouped GEMM is held to.",
       "",
   ]
+  for _, doc in docs:
+    lines += [f"> Note ({doc['meta']['date'][:10]}): {note}" for note in doc["meta"].get("notes", [])]
+  if lines[-1].startswith(">"):
+    lines.append("")
   for path, doc in docs:
     m = doc["meta"]
     configs = list(dict.fromkeys(r["config"] for r in doc["results"]))

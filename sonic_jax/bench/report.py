@@ -138,7 +138,8 @@ def meta_lines(doc: dict) -> list[str]:
       f"- Check: relative error ‖a−b‖/‖b‖ of out, dx, drouter_w, dw1, dw2 against the xla "
       f"backend at a T where its densified ragged_dot fits (tolerance {o['check_tol']}); "
       "'ref' = the reference itself.",
-  ] + ([] if m.get("complete") else ["- **Incomplete run**: the process stopped before the end."])
+  ] + ([] if m.get("complete") else ["- **Incomplete run**: the process stopped before the end."]
+  ) + [f"- Note: {note}" for note in m.get("notes", [])]
 
 
 def markdown(doc: dict, plots: list[str] | None = None) -> str:
