@@ -285,33 +285,42 @@ def test_moe_layer_forward_through_backend():
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
-def test_window_tiles_cover_each_group_row_once(block_m):
-  """8-aligned load windows: every row of every group owned by exactly one tile of its expert."""
-  from sonic_jax.pallas.grouped_gemm import make_window_tiles
+@pytest.mark.parametrize("align", [8, "block_m"])
+def test_tiles_cover_each_group_row_once(block_m, align):
+  """tiles.make_tiles: every row of every group owned by exactly one tile of its expert, load
+  rows aligned (8 for the forward GEMMs, block_m for dh), and tile_of_row the inverse map."""
+  from sonic_jax.pallas.tiles import make_tiles
+  align = block_m if align == "block_m" else align
   rng = np.random.default_rng(0)
-  for trial, e in enumerate((33, 7, 33)):
+  for trial, e in enumerate((33, 7, 33, 5)):
     sizes = rng.integers(0, 300, e) * (rng.random(e) < 0.7)
     if trial == 0:
       sizes = np.zeros(e, np.int64)
       sizes[e // 2] = 1000
     total = int(sizes.sum())
     capacity = total + int(rng.integers(0, 50))
-    m_rows = -(-max(capacity, block_m) // 8) * 8
+    # The forward clamps windows into its (padded) operand; dh lets the last one run past P.
+    m_rows = -(-max(capacity, block_m) // align) * align if align == 8 else None
     offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
-    t = make_window_tiles(jnp.asarray(sizes, jnp.int32), jnp.asarray(offs), block_m=block_m,
-                          capacity=capacity, m_rows=m_rows)
+    go = jnp.asarray(offs)
+    t = make_tiles(jnp.asarray(sizes, jnp.int32), go, block_m=block_m, align=align,
+                   capacity=capacity, m_rows=m_rows)
     num = int(t.num_tiles)
     assert num <= t.expert.shape[0]
     owner = np.full(total, -1)
     for i in range(num):
       ex, ld, dst, rows = (int(a[i]) for a in (t.expert, t.load, t.dst, t.rows))
-      assert ld % 8 == 0 and 0 <= ld <= m_rows - block_m
+      assert ld % align == 0 and 0 <= ld and (m_rows is None or ld <= m_rows - block_m)
       assert 1 <= rows and ld <= dst and dst + rows <= ld + block_m
       assert offs[ex] <= dst and dst + rows <= offs[ex + 1]
       assert (owner[dst:dst + rows] == -1).all()
       owner[dst:dst + rows] = i
     assert (owner >= 0).all()
     assert (np.asarray(t.rows[num:]) == 0).all()
+    tile, within, valid = (np.asarray(v) for v in t.tile_of_row(go, capacity))
+    assert np.array_equal(valid, np.arange(capacity) < total)
+    assert np.array_equal(tile[valid], owner)
+    assert np.array_equal(within[valid], np.arange(total) - np.asarray(t.load)[owner])
 
 
 # (name, kind, d, n, GemmConfig fields): every grouped-GEMM variant the backend can pick.

@@ -10,13 +10,14 @@ For every grouped row p of expert e (spec §4, SonicMoE's minimal-activation bac
 
 M tiles are block-aligned (tile rows [b·block_m, (b+1)·block_m) of the grouped order) and one
 tile is emitted per (block, expert) intersection, with its metadata (expert, block, first and
-last valid row) computed in JAX (``AlignedTiles``), so no kernel loops over experts. Aligned
-starts are required: Mosaic GPU's TMA into tiled/swizzled SMEM (the wgmma operand layout)
-needs GMEM row starts divisible by the SMEM tiling, so group-start tiles (``tiles.py``'s
-``TileMetadata``) do not lower on Hopper ("prove the divisibility of index 0"). Rows of a tile
-outside its expert are computed (wasted) but never stored: row-ragged TMA stores go through a
-power-of-two ladder of static-size descriptors. dS is reduced per (M tile, N tile) in registers and written as full
-per-tile partial rows, then summed over N tiles in JAX: deterministic and free of atomics.
+last valid row) computed in JAX (``tiles.make_tiles(align=block_m)``, shared with the forward
+GEMMs), so no kernel loops over experts. Aligned starts are required: Mosaic GPU's TMA into
+tiled/swizzled SMEM (the wgmma operand layout) needs GMEM row starts divisible by the SMEM
+tiling, so group-start tiles do not lower on Hopper ("prove the divisibility of index 0").
+Rows of a tile outside its expert are computed (wasted) but never stored: row-ragged TMA stores
+go through a power-of-two ladder of static-size descriptors. dS is reduced per (M tile, N tile)
+in registers and written as full per-tile partial rows, then summed over N tiles in JAX:
+deterministic and free of atomics.
 
 The dO gather is an XLA gather feeding the kernel (the first fast path of
 docs/pallas-backward.md); the kernel's lhs is the gathered (P, d) matrix.
@@ -34,6 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.routing import RoutingPlan
 
 _F32 = jnp.float32
@@ -145,56 +147,6 @@ def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhC
     raise ValueError(f"n ({n}) must be a multiple of DhConfig.block_n ({config.block_n})")
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class AlignedTiles:
-  """Block-aligned M tiles, one per (block, expert) intersection; (num_tiles_max,) int32.
-
-  Tile i computes rows [block[i]·bm, block[i]·bm + bm) with expert[i]'s weights and stores
-  rows [block[i]·bm + lo[i], block[i]·bm + lo[i] + rows[i]). Tiles past the live count have
-  rows == 0.
-  """
-
-  expert: jax.Array
-  block: jax.Array
-  lo: jax.Array
-  rows: jax.Array
-  tile_begin: jax.Array  # (E,) first tile of each expert
-  first_block: jax.Array  # (E,) first block each expert touches
-  block_m: int = dataclasses.field(metadata=dict(static=True))
-
-  @classmethod
-  def create(cls, group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int,
-             capacity: int) -> "AlignedTiles":
-    num_experts = group_sizes.shape[0]
-    starts, ends = group_offsets[:-1], group_offsets[1:]
-    first_block = starts // block_m
-    tiles_per_expert = jnp.where(group_sizes > 0, (ends - 1) // block_m - first_block + 1, 0)
-    tile_end = jnp.cumsum(tiles_per_expert, dtype=jnp.int32)
-    tile_begin = tile_end - tiles_per_expert
-    # Σ_e blocks touched <= blocks + (E - 1) boundaries that can split a block.
-    n_max = -(-capacity // block_m) + num_experts
-    i = jnp.arange(n_max, dtype=jnp.int32)
-    expert = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1)
-    expert = expert.astype(jnp.int32)
-    live = i < tile_end[-1]
-    block = first_block[expert] + i - tile_begin[expert]
-    block_start = block * block_m
-    lo = jnp.maximum(starts[expert], block_start) - block_start
-    hi = jnp.minimum(ends[expert], block_start + block_m) - block_start
-    return cls(expert=jnp.where(live, expert, 0), block=jnp.where(live, block, 0),
-               lo=jnp.where(live, lo, 0), rows=jnp.where(live, hi - lo, 0),
-               tile_begin=tile_begin, first_block=first_block, block_m=block_m)
-
-  def tile_of_row(self, plan: RoutingPlan):
-    """(P,) grouped row -> (its tile, its row inside the tile's block, valid)."""
-    bm = self.block_m
-    p = jnp.arange(plan.capacity, dtype=jnp.int32)
-    e = jnp.clip(jnp.searchsorted(plan.group_offsets[1:], p, side="right"), 0,
-                 plan.num_experts - 1)
-    return self.tile_begin[e] + p // bm - self.first_block[e], p % bm, p < plan.group_offsets[-1]
-
-
 def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
        plan: RoutingPlan, *, config: DhConfig | None = None, interpret=False,
        dout_gathered: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -210,8 +162,11 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   p_rows = plan.capacity
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   dtype = h.dtype
-  tiles = AlignedTiles.create(plan.group_sizes, plan.group_offsets, block_m=bm,
-                             capacity=p_rows)
+  # Block-aligned tiles (align = block_m): tile i computes rows [load, load + bm) (the lhs
+  # block load // bm; the last block may run past P and is never stored) and stores
+  # [dst, dst + rows).
+  tiles = tiles_lib.make_tiles(plan.group_sizes, plan.group_offsets, block_m=bm, align=bm,
+                               capacity=p_rows)
   tiles_max = tiles.expert.shape[0]
   grid_n = n // bn
   lhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
@@ -318,11 +273,11 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   )
   # One freshly built metadata buffer: Mosaic GPU custom calls need 256-byte aligned inputs,
   # which an XLA slice of a larger array need not be.
-  meta = jnp.stack([tiles.expert, tiles.block, tiles.lo, tiles.rows])
+  meta = jnp.stack([tiles.expert, tiles.load // bm, tiles.dst - tiles.load, tiles.rows])
   dh_out, a_prime, ds_part = kernel(meta, lhs, w2, h, scores_grouped)
-  tile, within, valid = tiles.tile_of_row(plan)
-  ds = jnp.sum(ds_part[:, jnp.minimum(tile, tiles_max - 1), within], axis=0)
+  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
+  ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 
 
-__all__ = ["AlignedTiles", "DhConfig", "dh", "dh_config_for", "validate_dh_args"]
+__all__ = ["DhConfig", "dh", "dh_config_for", "validate_dh_args"]

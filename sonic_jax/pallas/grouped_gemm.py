@@ -1,11 +1,12 @@
 """Varlen-M grouped GEMMs for Hopper (Mosaic GPU): out[p] = lhs[src(p)] · rhs[e(p)] per M-tile.
 
 One kernel family serves up_proj (gathered x · W1 with a SwiGLU epilogue), down_proj (A · W2) and
-dx_pairs (dH · W1ᵀ, transposed rhs). Expert groups are tiled by ``tiles.TileMetadata`` (computed in
-JAX once per call; a tile never mixes two experts and no kernel loops over all experts). Each tile
-loads a full ``block_m`` rows window (clamped to the array, so rows of a neighbouring group may be
-multiplied and dropped) and stores only its own rows with a ladder of power-of-two TMA stores, so
-rows outside the groups are never written.
+dx_pairs (dH · W1ᵀ, transposed rhs). Expert groups are tiled by ``tiles.make_tiles`` with 8-row
+aligned windows (computed in JAX once per call; a tile never mixes two experts and no kernel loops
+over all experts). Each tile loads a full ``block_m`` rows window starting at a multiple of 8
+(clamped to the array, so rows of a neighbouring group may be multiplied and dropped) and stores
+only its own rows with a ladder of power-of-two TMA stores, so rows outside the groups are never
+written.
 
 The row gather of lhs (x[gather_idx]) is done either by XLA before the kernel (``gather="xla"``,
 the fast path) or inside the kernel (``gather="fused"``: one 1-row TMA per gathered row into an
@@ -14,7 +15,6 @@ untiled staging ring, then registers -> swizzled SMEM -> wgmma; see docs/pallas-
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Literal
@@ -25,6 +25,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.configs import GemmConfig
 
 Epilogue = Literal["none", "swiglu"]
@@ -61,55 +62,6 @@ def _ragged_store(smem, gmem, *, off, rows, dst_row, max_rows: int):
                               gmem.at[pl.ds(dst_row + start - off, size)])
     start = start + (rows & size)
     size //= 2
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class WindowTiles:
-  """M-tiles whose load windows start on 8-row boundaries, (num_tiles_max,) int32 arrays.
-
-  Tile i loads lhs rows [load[i], load[i] + block_m) and owns rows [dst[i], dst[i] + rows[i])
-  of expert expert[i] (load[i] <= dst[i], dst[i] + rows[i] <= load[i] + block_m). TMA into a
-  swizzled SMEM tile needs a GMEM row coordinate Mosaic can prove to be a multiple of 8, so
-  unlike ``tiles.TileMetadata`` (tiles starting at group starts) the windows start at
-  floor8(group start) + i·block_m; that adds at most one tile per expert. Tiles past
-  ``num_tiles`` have rows == 0.
-  """
-
-  expert: jax.Array
-  load: jax.Array
-  dst: jax.Array
-  rows: jax.Array
-  num_tiles: jax.Array
-  block_m: int = dataclasses.field(metadata=dict(static=True))
-
-
-def make_window_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int,
-                      capacity: int, m_rows: int) -> WindowTiles:
-  """group_sizes (E,), group_offsets (E+1,) -> WindowTiles; m_rows (a multiple of 8, >= block_m)
-  is the row count of the loaded array (windows are clamped to end inside it)."""
-  num_experts = group_sizes.shape[0]
-  # Σ_e ceil((f_e + 7) / block_m) <= cdiv(Σ f_e + 7·E', block_m) + E' over the E' <= P
-  # non-empty experts.
-  nonempty = min(num_experts, capacity)
-  n_max = -(-(capacity + 7 * nonempty) // block_m) + nonempty
-  begin = group_offsets[:-1]
-  end = begin + group_sizes
-  aligned = (begin // 8) * 8
-  per_expert = jnp.where(group_sizes > 0, (end - aligned + block_m - 1) // block_m, 0)
-  tile_end = jnp.cumsum(per_expert, dtype=jnp.int32)
-  tile_begin = tile_end - per_expert
-  i = jnp.arange(n_max, dtype=jnp.int32)
-  e = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1).astype(jnp.int32)
-  num_tiles = tile_end[-1]
-  live = i < num_tiles
-  win = aligned[e] + (i - tile_begin[e]) * block_m
-  dst = jnp.maximum(begin[e], win)
-  rows = jnp.minimum(end[e], win + block_m) - dst
-  load = jnp.minimum(win, m_rows - block_m)
-  z = lambda a: jnp.where(live, a, 0).astype(jnp.int32)
-  return WindowTiles(expert=z(e), load=z(load), dst=z(dst), rows=z(rows), num_tiles=num_tiles,
-                     block_m=block_m)
 
 
 def _swiglu_f32(g, u):
@@ -172,7 +124,8 @@ def grouped_gemm(
   """Grouped GEMM over expert groups; returns (num_rows, N) or, for SwiGLU, (H, A).
 
   Rows [group_offsets[e], group_offsets[e+1]) of lhs (or of lhs[gather_idx]) are multiplied by
-  rhs[e]; the M-tiles are ``make_window_tiles`` metadata computed here, once per call, in JAX.
+  rhs[e]; the M-tiles are ``tiles.make_tiles(align=8)`` metadata computed here, once per call,
+  in JAX.
 
   epilogue "none": out (num_rows, N) in lhs.dtype. "swiglu": N = 2n (concat layout), returns
   H (num_rows, 2n) (None when ``inference``) and A = silu(H_gate)·H_up (num_rows, n), both from
@@ -204,8 +157,8 @@ def grouped_gemm(
     lhs = jnp.pad(lhs, ((0, m_src - src_rows), (0, 0)))
   if gather_idx is not None and m_src != src_rows:
     gather_idx = jnp.pad(gather_idx, (0, m_src - src_rows))
-  tiles = make_window_tiles(group_sizes, group_offsets, block_m=bm, capacity=num_rows,
-                            m_rows=m_src)
+  tiles = tiles_lib.make_tiles(group_sizes, group_offsets, block_m=bm, align=8,
+                               capacity=num_rows, m_rows=m_src)
 
   outs = _build_kernel(
       m_src=m_src, k=k, n_total=n_total, num_experts=num_experts, out_rows=out_rows,

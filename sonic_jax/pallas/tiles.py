@@ -1,8 +1,17 @@
-"""Per-M-tile metadata for varlen-M grouped GEMMs, computed once per step in JAX.
+"""Per-M-tile metadata for the varlen-M grouped GEMMs (grouped_gemm.py, dh.py), computed in JAX.
 
-Tile i covers grouped rows [row_start[i], row_start[i] + rows[i]) of expert expert[i]; tiles
-start at each group's first row (not at multiples of block_m), so no tile mixes two experts and
-no kernel loops over all experts to find its group. Tiles past ``num_tiles`` have rows == 0.
+Tile i multiplies the ``block_m`` rows [load[i], load[i] + block_m) of the grouped operand by
+expert[i]'s weights and owns (stores) rows [dst[i], dst[i] + rows[i]) of that expert's group
+(load[i] <= dst[i], dst[i] + rows[i] <= load[i] + block_m); rows of the window outside
+[dst, dst + rows) are computed and dropped. An expert's windows start at
+floor_align(group start) + j·block_m, so every load row is a multiple of ``align``: Mosaic GPU
+lowers the TMA of a tile into tiled/swizzled SMEM (the wgmma operand layout) only when it can
+prove that divisibility ("Failed to infer a possible set of layouts. You need to prove the
+divisibility of index 0 using pl.multiple_of"), which is why tiles that start exactly at group
+starts, the first design, are not used. ``align = 8`` (the forward GEMMs) adds at most one tile
+per expert; ``align = block_m`` (dh) gives block-aligned tiles, one per (block, expert)
+intersection. No tile mixes two experts and no kernel loops over experts; tiles past
+``num_tiles`` have rows == 0 and expert == load == dst == 0.
 """
 
 from __future__ import annotations
@@ -13,38 +22,79 @@ import jax
 import jax.numpy as jnp
 
 
-def max_tiles(capacity: int, num_experts: int, block_m: int) -> int:
-  """Static bound on Σ_e ceil(f_e / block_m) for Σ_e f_e <= capacity."""
-  return -(-capacity // block_m) + min(num_experts, capacity)
+def max_tiles(capacity: int, num_experts: int, block_m: int, align: int) -> int:
+  """Static bound on the tile count for any group sizes with Σ_e f_e <= capacity."""
+  nonempty = min(num_experts, capacity)  # experts that can own rows
+  if align == block_m:
+    # Each of the cdiv(capacity, block_m) blocks is split at most once per group boundary.
+    return -(-capacity // block_m) + nonempty
+  # Σ_e ceil((f_e + r_e) / block_m) over non-empty experts, r_e = start_e mod align < align.
+  return -(-(capacity + (align - 1) * nonempty) // block_m) + nonempty
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class TileMetadata:
-  """(num_tiles_max,) int32 arrays plus the traced tile count."""
+class Tiles:
+  """(num_tiles_max,) int32 arrays per tile, (E,) tile_begin, and the traced tile count."""
 
   expert: jax.Array
-  row_start: jax.Array
-  rows: jax.Array
-  num_tiles: jax.Array
+  load: jax.Array  # first row of the window, a multiple of align
+  dst: jax.Array  # first owned row
+  rows: jax.Array  # owned rows (0 past num_tiles)
+  num_tiles: jax.Array  # () int32
+  tile_begin: jax.Array  # (E,) first tile of each expert
+  aligned_start: jax.Array  # (E,) floor_align(group start)
   block_m: int = dataclasses.field(metadata=dict(static=True))
+  align: int = dataclasses.field(metadata=dict(static=True))
+
+  def tile_of_row(self, group_offsets: jax.Array, capacity: int):
+    """(capacity,) grouped row p -> (tile owning p, p's row inside that tile's window, valid).
+
+    Rows past group_offsets[E] (padding) get valid = False and an in-range (tile, row).
+    """
+    num_experts = self.tile_begin.shape[0]
+    p = jnp.arange(capacity, dtype=jnp.int32)
+    e = jnp.clip(jnp.searchsorted(group_offsets[1:], p, side="right"), 0, num_experts - 1)
+    tile = self.tile_begin[e] + (p - self.aligned_start[e]) // self.block_m
+    tile = jnp.clip(tile, 0, self.expert.shape[0] - 1)
+    within = jnp.clip(p - self.load[tile], 0, self.block_m - 1)
+    return tile, within, p < group_offsets[-1]
 
 
-def make_tile_metadata(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int,
-                       capacity: int) -> TileMetadata:
-  """group_sizes (E,), group_offsets (E+1,) -> TileMetadata for tiles of block_m rows."""
+def make_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int, align: int,
+               capacity: int, m_rows: int | None = None) -> Tiles:
+  """group_sizes (E,), group_offsets (E+1,) int32 -> Tiles (O(E + tiles) JAX ops, no loops).
+
+  align: a multiple of 8 dividing block_m. capacity: static bound on Σ group_sizes.
+  m_rows: when given (a multiple of align, >= block_m), windows are clamped to end inside an
+  array of m_rows rows (load <= m_rows - block_m); when None, the last window of the last group
+  may run past the rows (the caller must tolerate, or never store, such rows).
+  """
+  if align % 8 or block_m % align:
+    raise ValueError(f"align ({align}) must be a multiple of 8 dividing block_m ({block_m})")
+  if m_rows is not None and (m_rows % align or m_rows < block_m):
+    raise ValueError(f"m_rows ({m_rows}) must be a multiple of align ({align}) and >= block_m "
+                     f"({block_m})")
   num_experts = group_sizes.shape[0]
-  n_max = max_tiles(capacity, num_experts, block_m)
-  tiles_per_expert = (group_sizes + block_m - 1) // block_m
-  tile_end = jnp.cumsum(tiles_per_expert, dtype=jnp.int32)  # inclusive
-  tile_begin = tile_end - tiles_per_expert
+  n_max = max_tiles(capacity, num_experts, block_m, align)
+  begin = group_offsets[:-1]
+  end = begin + group_sizes
+  aligned = (begin // align) * align
+  per_expert = jnp.where(group_sizes > 0, (end - aligned + block_m - 1) // block_m, 0)
+  tile_end = jnp.cumsum(per_expert, dtype=jnp.int32)  # inclusive
+  tile_begin = tile_end - per_expert
   i = jnp.arange(n_max, dtype=jnp.int32)
-  expert = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1)
-  expert = expert.astype(jnp.int32)
-  local = i - tile_begin[expert]
+  e = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1).astype(jnp.int32)
   num_tiles = tile_end[-1]
   live = i < num_tiles
-  row_start = jnp.where(live, group_offsets[expert] + local * block_m, 0).astype(jnp.int32)
-  rows = jnp.where(live, jnp.minimum(block_m, group_sizes[expert] - local * block_m), 0)
-  return TileMetadata(expert=jnp.where(live, expert, 0), row_start=row_start,
-                      rows=rows.astype(jnp.int32), num_tiles=num_tiles, block_m=block_m)
+  win = aligned[e] + (i - tile_begin[e]) * block_m
+  dst = jnp.maximum(begin[e], win)
+  rows = jnp.minimum(end[e], win + block_m) - dst
+  load = win if m_rows is None else jnp.minimum(win, m_rows - block_m)
+  z = lambda a: jnp.where(live, a, 0).astype(jnp.int32)
+  return Tiles(expert=z(e), load=z(load), dst=z(dst), rows=z(rows), num_tiles=num_tiles,
+               tile_begin=tile_begin.astype(jnp.int32), aligned_start=aligned.astype(jnp.int32),
+               block_m=block_m, align=align)
+
+
+__all__ = ["Tiles", "make_tiles", "max_tiles"]
