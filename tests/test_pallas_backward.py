@@ -171,6 +171,57 @@ def test_validation_errors():
     DhConfig(epi_n=32)
 
 
+def test_backend_validate_runs_backward_checks():
+  """PallasKernels.validate rejects shapes the forward tiles but dh / dw cannot (d or n not a
+  multiple of 64), naming the argument and the rule, before any kernel runs."""
+  import sonic_jax
+  from sonic_jax.pallas.backend import PallasKernels
+
+  calls = []
+
+  class Recording(PallasKernels):
+    def up_proj(self, *args, **kwargs):
+      calls.append("up_proj")
+      return super().up_proj(*args, **kwargs)
+
+  kern = Recording(interpret=True)
+  sizes, t, k = [0, 70, 1, 40, 17], 64, 2
+  plan = make_plan(sizes, t, k)
+  e = len(sizes)
+
+  def arrays(d, n):
+    keys = jax.random.split(jax.random.key(5), 4)
+    bf = jnp.bfloat16
+    return (jax.random.normal(keys[0], (t, d), bf),
+            (jax.random.normal(keys[1], (d, e)) / np.sqrt(d)).astype(bf),
+            (jax.random.normal(keys[2], (e, d, 2 * n)) / np.sqrt(d)).astype(bf),
+            (jax.random.normal(keys[3], (e, n, d)) / np.sqrt(n)).astype(bf))
+
+  x, _, w1, w2 = arrays(128, 64)
+  kern.validate(x, plan, w1, w2)  # d, n multiples of 64: accepted
+  rules = {
+      (96, 64): r"x.shape\[1\] \(d = 96\).*backward kernel dh.*d \(96\) must be a multiple "
+                r"of DhConfig.block_k \(64\)",
+      (64, 96): r"w2.shape\[1\] \(n = 96\).*backward kernel dh.*n \(96\) must be a multiple "
+                r"of DhConfig.block_n \(64\)",
+  }
+  for (d, n), rule in rules.items():
+    x, router_w, w1, w2 = arrays(d, n)
+    kern.validate(x, plan, w1, w2, backward=False)  # the forward alone tiles these shapes
+    with pytest.raises(ValueError, match=rule):
+      kern.validate(x, plan, w1, w2)
+    # The rule validate reports is the one the kernel itself enforces.
+    with pytest.raises(ValueError, match="must be a multiple of DhConfig.block_"):
+      dh(x, w2, jnp.zeros((plan.capacity, 2 * n), x.dtype), plan.grouped_scores(), plan,
+         interpret=True)
+    # Through the layer: fails while tracing the forward, before any kernel runs.
+    loss = lambda x, w1, w2: jnp.sum(sonic_jax.moe(x, router_w, w1, w2, top_k=k, backend=kern)
+                                     .astype(jnp.float32))
+    with pytest.raises(ValueError, match=rule):
+      jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2)
+  assert calls == [], "a kernel ran before the shape was rejected"
+
+
 @pytest.mark.parametrize("kernel", ["dh", "wgrad"])
 def test_kernels_lower_to_mosaic_gpu(kernel):
   """Lowers the real (non-interpret) kernels for CUDA on the CPU host.

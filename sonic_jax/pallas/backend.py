@@ -62,8 +62,31 @@ class PallasKernels(ExpertKernels):
   def _combine_config(self, d):
     return self.config.combine or cfg_lib.combine_config(d)
 
-  def validate(self, x, plan, w1, w2) -> None:
-    """Raises ValueError (naming the argument and the rule) for shapes these kernels cannot tile."""
+  # The backward kernels' tilings (the same per-shape defaults dh / dw1 / dw2 pick themselves);
+  # validate() checks exactly the configs the entry points below run.
+  @staticmethod
+  def _dh_config(d, n):
+    from sonic_jax.pallas.dh import dh_config_for
+    return dh_config_for(d, n)
+
+  @staticmethod
+  def _dw1_config(d, two_n):
+    from sonic_jax.pallas.wgrad import wgrad_config_for
+    return wgrad_config_for(d, two_n)
+
+  @staticmethod
+  def _dw2_config(n, d):
+    from sonic_jax.pallas.wgrad import wgrad_config_for
+    return wgrad_config_for(n, d)
+
+  def validate(self, x, plan, w1, w2, *, backward: bool = True) -> None:
+    """Raises ValueError (naming the argument and the rule) for shapes these kernels cannot tile.
+
+    backward: also check the backward kernels (dh, dw1, dw2; dx_pairs is always checked), so a
+    shape the backward cannot tile fails here, before any kernel runs, rather than in the middle
+    of a backward pass. The layer calls this with the default: it cannot know whether the
+    forward will be differentiated.
+    """
     from sonic_jax.pallas import grouped_gemm as gg
     from sonic_jax.pallas import combine as cb
     for name, a in (("x", x), ("w1", w1), ("w2", w2)):
@@ -93,6 +116,29 @@ class PallasKernels(ExpertKernels):
         cb.validate_combine(d, self._combine_config(d))
     except ValueError as e:
       raise ValueError(f"x/w1/w2 shapes (d = {d}, n = {n}) cannot be tiled: {e}") from None
+    if backward:
+      self._validate_backward(d, n)
+
+  def _validate_backward(self, d: int, n: int) -> None:
+    from sonic_jax.pallas import dh as dh_lib
+    from sonic_jax.pallas import wgrad as wg_lib
+    checks = (
+        ("dh (dout · w2ᵀ, fused dSwiGLU)",
+         lambda: dh_lib.validate_dh_shapes(d, n, self._dh_config(d, n))),
+        ("dw1 (x[gather_idx]ᵀ · dh)",
+         lambda: wg_lib.validate_wgrad_shapes(d, 2 * n, self._dw1_config(d, 2 * n),
+                                              ("x[gather_idx]", "dh"))),
+        ("dw2 (a_primeᵀ · dout[gather_idx])",
+         lambda: wg_lib.validate_wgrad_shapes(n, d, self._dw2_config(n, d),
+                                              ("a_prime", "dout[gather_idx]"))),
+    )
+    for what, check in checks:
+      try:
+        check()
+      except ValueError as e:
+        raise ValueError(
+            f"x.shape[1] (d = {d}) / w2.shape[1] (n = {n}) cannot be tiled by the backward "
+            f"kernel {what}: {e}") from None
 
   # ---------------------------------------------------------------------------- forward
   def up_proj(self, x, w1, plan, *, inference=False):
@@ -124,12 +170,15 @@ class PallasKernels(ExpertKernels):
   # --------------------------------------------------------------------------- backward
   def dh(self, dout, w2, h, scores_grouped, plan):
     from sonic_jax.pallas.dh import dh
-    return dh(dout, w2, h, scores_grouped, plan, interpret=self.interpret)
+    return dh(dout, w2, h, scores_grouped, plan, interpret=self.interpret,
+              config=self._dh_config(dout.shape[1], w2.shape[1]))
 
   def dw2(self, dout, a_prime, plan):
     from sonic_jax.pallas.wgrad import dw2
-    return dw2(dout, a_prime, plan, interpret=self.interpret)
+    return dw2(dout, a_prime, plan, interpret=self.interpret,
+               config=self._dw2_config(a_prime.shape[1], dout.shape[1]))
 
   def dw1(self, x, dh, plan):
     from sonic_jax.pallas.wgrad import dw1
-    return dw1(x, dh, plan, interpret=self.interpret)
+    return dw1(x, dh, plan, interpret=self.interpret,
+               config=self._dw1_config(x.shape[1], dh.shape[1]))

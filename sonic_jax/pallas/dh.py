@@ -141,6 +141,11 @@ def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhC
       raise ValueError(f"{name} must be bfloat16 or float16, got {a.dtype}")
   if not dout.dtype == w2.dtype == h.dtype:
     raise ValueError(f"dout, w2 and h must share a dtype, got {dout.dtype}, {w2.dtype}, {h.dtype}")
+  validate_dh_shapes(d, n, config)
+
+
+def validate_dh_shapes(d: int, n: int, config: DhConfig) -> None:
+  """Raises ValueError when (d, n) cannot be tiled by ``config`` (the shape rules alone)."""
   if d % config.block_k:
     raise ValueError(f"d ({d}) must be a multiple of DhConfig.block_k ({config.block_k})")
   if n % config.block_n:
@@ -280,4 +285,4 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 
 
-__all__ = ["DhConfig", "dh", "dh_config_for", "validate_dh_args"]
+__all__ = ["DhConfig", "dh", "dh_config_for", "validate_dh_args", "validate_dh_shapes"]

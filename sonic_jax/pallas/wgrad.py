@@ -76,12 +76,19 @@ def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
       raise ValueError(f"{name} must be bfloat16 or float16, got {a.dtype}")
   if lhs.dtype != rhs.dtype:
     raise ValueError(f"{ln} and {rn} must share a dtype, got {lhs.dtype} and {rhs.dtype}")
-  if lhs.shape[1] % config.block_m:
-    raise ValueError(f"{ln}.shape[1] ({lhs.shape[1]}) must be a multiple of "
-                     f"WgradConfig.block_m ({config.block_m})")
-  if rhs.shape[1] % config.block_n:
-    raise ValueError(f"{rn}.shape[1] ({rhs.shape[1]}) must be a multiple of "
-                     f"WgradConfig.block_n ({config.block_n})")
+  validate_wgrad_shapes(lhs.shape[1], rhs.shape[1], config, names)
+
+
+def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rhs")) -> None:
+  """Raises ValueError when an (E, m, n) output cannot be tiled by ``config``; ``names`` name
+  the (P, m) and (P, n) operands."""
+  ln, rn = names
+  if m % config.block_m:
+    raise ValueError(f"{ln}.shape[1] ({m}) must be a multiple of WgradConfig.block_m "
+                     f"({config.block_m})")
+  if n % config.block_n:
+    raise ValueError(f"{rn}.shape[1] ({n}) must be a multiple of WgradConfig.block_n "
+                     f"({config.block_n})")
 
 
 def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
@@ -201,4 +208,5 @@ def dw2(dout: jax.Array, a_prime: jax.Array, plan: RoutingPlan, *,
   return grouped_outer(a_prime, rhs, plan, config=config, interpret=interpret)
 
 
-__all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2", "wgrad_config_for"]
+__all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2", "validate_wgrad_shapes",
+           "wgrad_config_for"]
