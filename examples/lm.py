@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 import sonic_jax
@@ -102,6 +103,21 @@ def loss_fn(model: MoELM, inputs, targets):
   logits, aux = model(inputs)
   ce = jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
   return ce + aux, ce
+
+
+def make_optimizer(model: MoELM, *, lr: float, steps: int) -> nnx.Optimizer:
+  """AdamW with linear warm-up and cosine decay to lr/10."""
+  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(50, steps // 10 + 1), steps,
+                                                end_value=lr * 0.1)
+  return nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
+
+
+@nnx.jit
+def train_step(model: MoELM, optimizer: nnx.Optimizer, inputs, targets):
+  """One AdamW step; returns the cross-entropy (without the aux loss)."""
+  (_, ce), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, inputs, targets)
+  optimizer.update(model, grads)
+  return ce
 
 
 def default_dtype() -> str:

@@ -20,13 +20,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from lm_cli import add_lm_args, lm_config_kwargs  # noqa: E402
 from lm import (ByteBatches, LMConfig, MoELM, default_dtype, load_text, loss_fn,  # noqa: E402
-                resolved_backend_name)
+                make_optimizer, resolved_backend_name, train_step)
 
 
 def parse_args(argv=None):
@@ -45,15 +44,7 @@ def main(argv=None) -> dict:
 
   data = ByteBatches(load_text(), cfg.seq_len, args.batch, seed=args.seed)
   model = MoELM(cfg, nnx.Rngs(args.seed))
-  schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(50, args.steps // 10 + 1),
-                                                args.steps, end_value=args.lr * 0.1)
-  optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
-
-  @nnx.jit
-  def train_step(model, optimizer, inputs, targets):
-    (_, ce), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, inputs, targets)
-    optimizer.update(model, grads)
-    return ce
+  optimizer = make_optimizer(model, lr=args.lr, steps=args.steps)
 
   @nnx.jit
   def eval_step(model, inputs, targets):

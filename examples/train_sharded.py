@@ -53,11 +53,11 @@ def main(argv=None) -> dict:
 
   import jax
   import jax.numpy as jnp
-  import optax
   from flax import nnx
   from jax.sharding import NamedSharding
 
-  from lm import ByteBatches, LMConfig, MoELM, default_dtype, load_text, loss_fn
+  from lm import (ByteBatches, LMConfig, MoELM, default_dtype, load_text, loss_fn,
+                  make_optimizer, train_step)
   from sonic_jax.sharding import MoESharding, place_params, shard_moe_layers
   import sonic_jax
 
@@ -93,15 +93,7 @@ def main(argv=None) -> dict:
   print(f"sharded {replaced} MoE layers; w1 {w1.shape} spec {w1.sharding.spec}, "
         f"tokens spec {sharding.token_spec}", flush=True)
 
-  schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(50, args.steps // 10 + 1),
-                                                args.steps, end_value=args.lr * 0.1)
-  optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
-
-  @nnx.jit
-  def train_step(model, optimizer, inputs, targets):
-    (_, ce), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, inputs, targets)
-    optimizer.update(model, grads)
-    return ce
+  optimizer = make_optimizer(model, lr=args.lr, steps=args.steps)
 
   batch_sharding = NamedSharding(mesh, sharding.token_spec)  # (B, S): B over the token axes
   data_iter = ByteBatches(load_text(), cfg.seq_len, args.batch, seed=args.seed)

@@ -20,6 +20,7 @@ from sonic_jax.pallas.backend import PallasKernels
 from sonic_jax.pallas.configs import CombineConfig, ForwardConfig, GemmConfig
 from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits
 from sonic_jax.xla_backend import XlaKernels
+from tests.helpers import rel_err
 
 XLA = XlaKernels()
 BF16_TOL = 8e-3  # bf16 outputs round at 2^-9 relative
@@ -32,16 +33,6 @@ CPU_CFG = ForwardConfig(
     dx_pairs=GemmConfig(block_n=32, **dict(_SMALL, block_k=32)),
     combine=CombineConfig(impl="mosaic", block_d=64, slots=2, num_sms=2))
 PALLAS = PallasKernels(interpret=True, config=CPU_CFG)
-
-
-def _rel(a, b) -> float:
-  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-  b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-  if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-    return float("inf")
-  denom = np.linalg.norm(b)
-  assert denom > 0, "all-zero reference"
-  return float(np.linalg.norm(a - b) / denom)
 
 
 def topk_plan(num_tokens: int, num_experts: int, top_k: int, *, weights=None,
@@ -107,17 +98,17 @@ def test_up_proj_matches_xla(name):
   h_ref, a_ref = XLA.up_proj(x, w1, plan)
   if name == "straddle_e5":  # the inference flag writes only A
     h_none, a_inf = PALLAS.up_proj(x, w1, plan, inference=True)
-    assert h_none is None and _rel(a_inf, a_ref) < BF16_TOL
+    assert h_none is None and rel_err(a_inf, a_ref) < BF16_TOL
   assert h.shape == h_ref.shape and a.shape == a_ref.shape
   assert h.dtype == jnp.bfloat16 and a.dtype == jnp.bfloat16
-  assert _rel(h, h_ref) < BF16_TOL
-  assert _rel(a, a_ref) < BF16_TOL
+  assert rel_err(h, h_ref) < BF16_TOL
+  assert rel_err(a, a_ref) < BF16_TOL
   # Against an f64 reference too: the xla backend is not the only judge.
   xg = np.asarray(x, np.float64)[np.asarray(plan.gather_idx)]
   w = np.asarray(w1.astype(jnp.float32), np.float64)
   e_of_row = np.repeat(np.arange(plan.num_experts), np.asarray(plan.group_sizes))
   h64 = np.einsum("pd,pdm->pm", xg, w[e_of_row])
-  assert _rel(h, h64) < BF16_TOL
+  assert rel_err(h, h64) < BF16_TOL
 
 
 @pytest.mark.parametrize("name", ["straddle_e5", "empty_experts", "one_expert_all_tokens",
@@ -129,7 +120,7 @@ def test_down_proj_matches_xla(name):
   a = tokens(plan.capacity, n, seed=3)
   y = jax.jit(PALLAS.down_proj)(a, w2, plan)
   assert y.shape == (plan.capacity, d) and y.dtype == jnp.bfloat16
-  assert _rel(y, XLA.down_proj(a, w2, plan)) < BF16_TOL
+  assert rel_err(y, XLA.down_proj(a, w2, plan)) < BF16_TOL
 
 
 @pytest.mark.parametrize("name", ["straddle_e5", "empty_experts"])
@@ -140,7 +131,7 @@ def test_dx_pairs_matches_xla(name):
   dh = tokens(plan.capacity, 2 * n, seed=4)
   dx = PALLAS.dx_pairs(dh, w1, plan)
   assert dx.shape == (plan.capacity, d)
-  assert _rel(dx, XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+  assert rel_err(dx, XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
 
 
 @pytest.mark.parametrize("weighted", [True, False])
@@ -152,14 +143,14 @@ def test_combine_matches_xla(weighted):
   out = PALLAS.combine(y, plan, scores, jnp.float32)
   ref = XLA.combine(y, plan, scores, jnp.float32)
   assert out.shape == (plan.num_tokens, 64) and out.dtype == jnp.float32
-  assert _rel(out, ref) < 1e-5  # fp32 accumulation of the same bf16 rows
+  assert rel_err(out, ref) < 1e-5  # fp32 accumulation of the same bf16 rows
 
 
 def test_combine_default_xla_impl_matches_xla():
   plan = _case("straddle_e5")
   y = tokens(plan.capacity, 64, seed=8)
   out = PallasKernels(interpret=True).combine(y, plan, plan.scores, jnp.float32)
-  assert _rel(out, XLA.combine(y, plan, plan.scores, jnp.float32)) < 1e-6
+  assert rel_err(out, XLA.combine(y, plan, plan.scores, jnp.float32)) < 1e-6
 
 
 def test_combine_fewer_tokens_than_block_bf16_out():
@@ -167,7 +158,7 @@ def test_combine_fewer_tokens_than_block_bf16_out():
   y = tokens(plan.capacity, 64, seed=6)
   out = PALLAS.combine(y, plan, plan.scores, jnp.bfloat16)
   assert out.dtype == jnp.bfloat16
-  assert _rel(out, XLA.combine(y, plan, plan.scores, jnp.bfloat16)) < BF16_TOL
+  assert rel_err(out, XLA.combine(y, plan, plan.scores, jnp.bfloat16)) < BF16_TOL
 
 
 def test_token_rounding_plan_padding_rows():
@@ -181,15 +172,15 @@ def test_token_rounding_plan_padding_rows():
   w1, w2 = weights(plan.num_experts, d, n)
   h, a = PALLAS.up_proj(x, w1, plan)
   h_ref, a_ref = XLA.up_proj(x, w1, plan)
-  assert _rel(h[:valid], h_ref[:valid]) < BF16_TOL
-  assert _rel(a[:valid], a_ref[:valid]) < BF16_TOL
+  assert rel_err(h[:valid], h_ref[:valid]) < BF16_TOL
+  assert rel_err(a[:valid], a_ref[:valid]) < BF16_TOL
   # NaN in the padding rows of A must not reach the valid rows of Y.
   a_nan = a_ref.at[valid:].set(jnp.nan)
   y = PALLAS.down_proj(a_nan, w2, plan)
-  assert _rel(y[:valid], XLA.down_proj(a_ref, w2, plan)[:valid]) < BF16_TOL
+  assert rel_err(y[:valid], XLA.down_proj(a_ref, w2, plan)[:valid]) < BF16_TOL
   y_ref = XLA.down_proj(a_ref, w2, plan)
   out = PALLAS.combine(y_ref, plan, plan.scores, jnp.float32)
-  assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
+  assert rel_err(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
 
 
 # (d, n, block_k): k steps of up_proj / down_proj = (1, 1) (the k == block_k case whose
@@ -205,8 +196,8 @@ def test_warp_specialized_variant_matches_xla(d, n, block_k):
   w1, w2 = weights(plan.num_experts, d, n)
   h, a = kern.up_proj(x, w1, plan)
   h_ref, a_ref = XLA.up_proj(x, w1, plan)
-  assert _rel(h, h_ref) < BF16_TOL and _rel(a, a_ref) < BF16_TOL
-  assert _rel(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
+  assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
 
 
 def test_fused_gather_variant_matches_xla():
@@ -219,7 +210,7 @@ def test_fused_gather_variant_matches_xla():
   w1, _ = weights(plan.num_experts, d, n)
   h, a = kern.up_proj(x, w1, plan)
   h_ref, a_ref = XLA.up_proj(x, w1, plan)
-  assert _rel(h, h_ref) < BF16_TOL and _rel(a, a_ref) < BF16_TOL
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
 
 
 def test_validate_rejects_untileable_shapes():
@@ -266,7 +257,7 @@ def test_moe_layer_forward_single_k_step_default_config():
   w1, w2 = weights(e, d, n)
   out = moe(x, rw, w1, w2, top_k=k, backend=PallasKernels(interpret=True))
   ref = moe(x, rw, w1, w2, top_k=k, backend="xla")
-  assert out.shape == (t, d) and _rel(out, ref) < BF16_TOL
+  assert out.shape == (t, d) and rel_err(out, ref) < BF16_TOL
 
 
 def test_moe_layer_forward_through_backend():
@@ -279,7 +270,7 @@ def test_moe_layer_forward_through_backend():
   out = moe(x, rw, w1, w2, top_k=k, backend=PALLAS)
   ref = moe(x, rw, w1, w2, top_k=k, backend="xla")
   assert out.shape == (t, d) and out.dtype == jnp.bfloat16
-  assert _rel(out, ref) < BF16_TOL
+  assert rel_err(out, ref) < BF16_TOL
   with pytest.raises(ValueError, match=r"x.shape\[1\].*multiple of 32"):
     moe(tokens(t, 48), rw[:48], *weights(e, 48, 64), top_k=k, backend=PALLAS)
 
@@ -401,13 +392,13 @@ def test_gpu_forward_matches_xla(shape, gather):
   kern.validate(x, plan, w1, w2)
   h, a = jax.jit(kern.up_proj)(x, w1, plan)
   h_ref, a_ref = jax.jit(XLA.up_proj)(x, w1, plan)
-  assert _rel(h, h_ref) < BF16_TOL and _rel(a, a_ref) < BF16_TOL
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
   y = jax.jit(kern.down_proj)(a_ref, w2, plan)
   y_ref = jax.jit(XLA.down_proj)(a_ref, w2, plan)
-  assert _rel(y, y_ref) < BF16_TOL
+  assert rel_err(y, y_ref) < BF16_TOL
   for impl in ("xla", "mosaic"):
     kc = PallasKernels(config=ForwardConfig(combine=configs.combine_config(d, impl)))
     out = jax.jit(kc.combine, static_argnums=3)(y_ref, plan, plan.scores, jnp.float32)
-    assert _rel(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
+    assert rel_err(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
   dh = h_ref
-  assert _rel(jax.jit(kern.dx_pairs)(dh, w1, plan), jax.jit(XLA.dx_pairs)(dh, w1, plan)) < BF16_TOL
+  assert rel_err(jax.jit(kern.dx_pairs)(dh, w1, plan), jax.jit(XLA.dx_pairs)(dh, w1, plan)) < BF16_TOL

@@ -42,6 +42,17 @@ def dense_ref_bytes(cfg: BenchConfig, spec: RoutingSpec) -> int:
   return cfg.E * pairs * max(cfg.d, 2 * cfg.n) * 2
 
 
+def densify_skip_reason(cfg: BenchConfig, spec: RoutingSpec, opts) -> str | None:
+  """Why a lax.ragged_dot-based implementation is skipped on a GPU at this size, or None."""
+  if not on_gpu():
+    return None
+  need = dense_ref_bytes(cfg, spec)
+  if need > opts.dense_ref_budget_gib * 2**30:
+    return (f"skipped: XLA densifies ragged_dot on GPUs ({need / 2**30:.0f} GiB temporary, "
+            f"over --dense-ref-budget-gib {opts.dense_ref_budget_gib:g})")
+  return None
+
+
 @dataclasses.dataclass
 class Impl:
   """A benchmarked implementation. kind: 'backend', 'baseline' or 'ceiling'."""
@@ -85,11 +96,8 @@ class SonicBackend(Impl):
   def skip_reason(self, cfg, spec, opts):
     if self.kernels() is None:
       return f"unavailable: {self._error}"
-    if self.spec_name == "xla" and on_gpu():
-      need = dense_ref_bytes(cfg, spec)
-      if need > opts.dense_ref_budget_gib * 2**30:
-        return (f"skipped: XLA densifies ragged_dot on GPUs ({need / 2**30:.0f} GiB temporary, "
-                f"over --dense-ref-budget-gib {opts.dense_ref_budget_gib:g})")
+    if self.spec_name == "xla":
+      return densify_skip_reason(cfg, spec, opts)
     return None
 
   def prepare(self, problem, spec):
@@ -207,11 +215,8 @@ class PlainMoE(Impl):
         return f"unavailable: tokamax does not import ({type(e).__name__}: {str(e)[:80]})"
       if not on_gpu():
         return "unavailable: tokamax's mosaic ragged_dot needs a GPU"
-    elif self.gemm == "lax" and on_gpu():
-      need = dense_ref_bytes(cfg, spec)
-      if need > opts.dense_ref_budget_gib * 2**30:
-        return (f"skipped: XLA densifies ragged_dot on GPUs ({need / 2**30:.0f} GiB temporary, "
-                f"over --dense-ref-budget-gib {opts.dense_ref_budget_gib:g})")
+    elif self.gemm == "lax":
+      return densify_skip_reason(cfg, spec, opts)
     return None
 
   def prepare(self, problem, spec):
