@@ -121,8 +121,9 @@ def moe_experts(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *
   validate_expert_args(x, plan, w1, w2)
   kernels = resolve_backend(backend)
   kernels.validate(x, plan, w1, w2)
-  x, scores, w1, w2, plan = _match_varying_axes(x, plan.scores, w1, w2, plan)
-  return _expert_block(kernels)(x, scores, w1, w2, plan.replace(scores=jnp.zeros((0,))))
+  # The scores travel as their own differentiable argument; the plan keeps only index arrays.
+  args = _match_varying_axes(x, plan.scores, w1, w2, plan.replace(scores=jnp.zeros((0,))))
+  return _expert_block(kernels)(*args)
 
 
 def _varying_axes(a) -> frozenset:

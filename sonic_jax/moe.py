@@ -30,7 +30,7 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
   """
   validate_router_args(x, router_w)
   validate_backend_name(backend)
-  if w1.ndim >= 1 and router_w.shape[1] != getattr(w1, "shape", (None,))[0]:
+  if getattr(w1, "ndim", None) == 3 and router_w.shape[1] != w1.shape[0]:
     raise ValueError(
         f"router_w has {router_w.shape[1]} experts but w1 has {w1.shape[0]} (w1.shape[0] must "
         f"equal router_w.shape[1])")
