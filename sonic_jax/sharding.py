@@ -25,9 +25,14 @@ spec is ``P((data..., fsdp, expert), None)``. Mesh axes not named are replicated
 device along them repeats the same work), so a tensor-parallel axis used elsewhere in a model
 is harmless.
 
-Expert-parallel capacity: ``jax.lax.ragged_all_to_all`` is not implemented by XLA:CPU in jax
-0.11.2 (``UNIMPLEMENTED: HLO opcode ragged-all-to-all``), so the exchange is a dense
-``all_to_all`` of a (X, C, d) buffer: C rows per (sender, receiver) pair. The default
+Expert-parallel exchange and capacity: at most C rows go from one device to another. With
+``exchange="dense"`` (the default) they travel as a dense ``all_to_all`` of a (X, C, d) buffer,
+padding included. With ``exchange="ragged"`` only the valid rows travel, through
+``jax.lax.ragged_all_to_all`` (sizes and offsets exchanged first with an ``all_gather`` of the
+per-device counts), packed densely on the receiver and returned straight into the sender's
+grouped order; results are identical to the dense exchange. XLA:CPU does not implement
+ragged-all-to-all in jax 0.11.2 (``UNIMPLEMENTED: HLO opcode ragged-all-to-all``), so on CPU
+meshes "ragged" runs an equivalent dense emulation (for tests). The default
 ``capacity_factor=None`` is dropless: C = the most pairs one device can send to another
 (``T_local * min(K, E/X)`` for top-K). A ``capacity_factor`` f sets
 C = min(dropless, round_up(ceil(f * T_local * K / X), 8)); pairs that do not fit are dropped
@@ -45,7 +50,9 @@ and "ffi" run their kernels on local shapes on GPUs; "xla" runs everywhere (CPU 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +86,9 @@ class MoESharding:
     fsdp_axis: mesh axis splitting tokens and the weights' embed (d) dimension; None for none.
     expert_axis: mesh axis splitting tokens and experts (expert parallel); None for none.
     capacity_factor: expert-parallel buffer size (see module docstring); None = dropless.
+    exchange: how expert parallelism moves rows: "dense" (``all_to_all`` of the whole
+      (X, C, d) buffer) or "ragged" (``ragged_all_to_all`` of the valid rows only; see the
+      module docstring).
 
   Partition specs of the global arrays (what ``sharded_moe`` expects and returns):
     x, out (T, d): ``token_spec`` = P((data..., fsdp, expert), None)
@@ -95,6 +105,7 @@ class MoESharding:
   fsdp_axis: str | None = None
   expert_axis: str | None = None
   capacity_factor: float | None = None
+  exchange: Literal["dense", "ragged"] = "dense"
 
   def __post_init__(self):
     if not isinstance(self.mesh, Mesh):
@@ -114,6 +125,8 @@ class MoESharding:
     if len(set(names)) != len(names):
       raise ValueError(
           f"data_axis, fsdp_axis and expert_axis must name distinct mesh axes, got {names}")
+    if self.exchange not in ("dense", "ragged"):
+      raise ValueError(f"exchange must be 'dense' or 'ragged', got {self.exchange!r}")
     cf = self.capacity_factor
     if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
                            or not cf > 0):
@@ -285,9 +298,11 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
     if cfg.expert_axis is None:
       out = moe_experts(x, plan, w1, w2, backend=backend)
     else:
-      out = _expert_parallel(x, plan, w1, w2, axis=cfg.expert_axis,
-                             num_shards=cfg.num_expert_shards, capacity=capacity,
-                             backend=backend)
+      ep = (functools.partial(_expert_parallel_ragged,
+                              native=_native_ragged_all_to_all(cfg.mesh))
+            if cfg.exchange == "ragged" else _expert_parallel)
+      out = ep(x, plan, w1, w2, axis=cfg.expert_axis, num_shards=cfg.num_expert_shards,
+               capacity=capacity, backend=backend)
     if not return_aux_loss:
       return out
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
@@ -387,6 +402,80 @@ def _expert_parallel(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Arr
   back = jnp.where(send_valid[..., None], back.astype(jnp.float32), 0.0)
   out = jnp.zeros((x.shape[0], x.shape[1]), jnp.float32).at[send_tok.reshape(-1)].add(
       back.reshape(rows, -1))
+  return out.astype(x.dtype)
+
+
+def _native_ragged_all_to_all(mesh: Mesh) -> bool:
+  """Whether XLA on the mesh's platform implements ragged-all-to-all (XLA:CPU does not)."""
+  return mesh.devices.flat[0].platform != "cpu"
+
+
+def _ragged_all_to_all(operand: jax.Array, output: jax.Array, input_offsets: jax.Array,
+                       send_sizes: jax.Array, output_offsets: jax.Array, recv_sizes: jax.Array,
+                       *, axis: str, max_size: int, native: bool) -> jax.Array:
+  """``jax.lax.ragged_all_to_all`` with one slice per device (offsets/sizes have shape (X,)).
+
+  With ``native=False`` (for XLA:CPU, which lacks the collective) the same result is computed from a dense
+  ``all_to_all`` of an (X, max_size, ...) staging buffer: every slice holds at most
+  ``max_size`` rows. Both are linear in (operand, output), so autodiff works either way.
+  """
+  if native:
+    return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes,
+                                     output_offsets, recv_sizes, axis_name=axis)
+  i = jnp.arange(max_size, dtype=jnp.int32)
+  src = input_offsets[:, None] + i[None, :]  # (X, S)
+  ok = (i[None, :] < send_sizes[:, None]).reshape(*src.shape, *(1,) * (operand.ndim - 1))
+  block = jnp.where(ok, operand[jnp.clip(src, 0, operand.shape[0] - 1)], 0).astype(operand.dtype)
+  recv = jax.lax.all_to_all(block, axis, 0, 0)  # block s came from device s
+  # Where each sender asked its slice to land in my output.
+  dst_off = jax.lax.all_to_all(output_offsets, axis, 0, 0, tiled=True)
+  dst = jnp.where(i[None, :] < recv_sizes[:, None], dst_off[:, None] + i[None, :],
+                  output.shape[0])  # out of range: dropped by the scatter
+  return output.at[dst.reshape(-1)].set(recv.reshape(-1, *operand.shape[1:]), mode="drop")
+
+
+def _expert_parallel_ragged(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *,
+                            axis: str, num_shards: int, capacity: int, backend,
+                            native: bool = True) -> jax.Array:
+  """``_expert_parallel`` with ``ragged_all_to_all``: only valid rows cross the network.
+
+  Same pairs and drop rule as the dense exchange (at most C rows per (sender, receiver)), so
+  the results are identical. Rows are packed densely on the receiver, sender by sender, and
+  return straight into the sender's grouped order, where the per-token sum reads them.
+  """
+  local_experts = plan.num_experts // num_shards
+  c = capacity
+  bounds = plan.group_offsets[::local_experts]  # (X+1,): grouped rows bound for each device
+  starts = bounds[:-1]
+  counts = jnp.minimum(bounds[1:] - bounds[:-1], c)  # rows I send to each device
+  me = jax.lax.axis_index(axis)
+  all_counts = jax.lax.all_gather(counts, axis)  # (sender, receiver)
+  all_starts = jax.lax.all_gather(starts, axis)
+  packed = jnp.cumsum(all_counts, axis=0) - all_counts  # sender's offset in receiver's buffer
+  recv_sizes = all_counts[:, me]
+  recv_offsets = packed[:, me]
+  rows = num_shards * c
+
+  flat = plan.scatter_idx  # grouped row p -> flat pair j
+  send_x = x[plan.gather_idx]  # (P, d) in grouped order; only the sent runs are read
+  send_exp = plan.expert_ids[flat] % local_experts
+  send_score = plan.scores[flat]
+  exchange = lambda a, fill: _ragged_all_to_all(  # noqa: E731
+      a, jnp.full((rows, *a.shape[1:]), fill, a.dtype), starts, counts, packed[me],
+      recv_sizes, axis=axis, max_size=c, native=native)
+  recv_x = exchange(send_x, 0)
+  recv_exp = exchange(send_exp, 0)
+  recv_score = exchange(send_score, 0)
+  n_valid = jnp.sum(recv_sizes, dtype=jnp.int32)
+  row = jnp.arange(rows, dtype=jnp.int32)
+  local_plan = RoutingPlan.from_assignments(row, recv_exp, recv_score, num_tokens=rows,
+                                            num_experts=local_experts, valid=row < n_valid)
+  y = moe_experts(recv_x, local_plan, w1, w2, backend=backend)  # s·Y per received row
+  # Back to the senders, into the grouped rows they came from (dropped rows stay zero).
+  back = _ragged_all_to_all(y, jnp.zeros((send_x.shape[0], y.shape[1]), y.dtype), recv_offsets,
+                            recv_sizes, all_starts[:, me], counts, axis=axis, max_size=c,
+                            native=native)
+  out = jnp.zeros(x.shape, jnp.float32).at[plan.gather_idx].add(back.astype(jnp.float32))
   return out.astype(x.dtype)
 
 

@@ -129,6 +129,10 @@ MODES = {
     "expert": (dict(data=2, expert=4), dict(expert_axis="expert")),
     "data_fsdp_expert": (dict(data=2, fsdp=2, expert=2),
                          dict(fsdp_axis="fsdp", expert_axis="expert")),
+    "expert_ragged": (dict(data=2, expert=4), dict(expert_axis="expert", exchange="ragged")),
+    "data_fsdp_expert_ragged": (dict(data=2, fsdp=2, expert=2),
+                                dict(fsdp_axis="fsdp", expert_axis="expert",
+                                     exchange="ragged")),
 }
 
 
@@ -220,11 +224,13 @@ def test_token_rounding_per_shard():
   assert rel_err(ref_out, sonic_jax.moe(*args, top_k=K, backend="xla")) > 1e-3
 
 
-def test_hot_expert_expert_parallel():
+@pytest.mark.parametrize("exchange", ["dense", "ragged"])
+def test_hot_expert_expert_parallel(exchange):
   """Every token's first choice is expert 0: device 0 of the expert axis gets all tokens."""
   prob = Problem(T=64, d=32, n=16, E=8, K=K, skew="one")
   args = make_inputs(prob)
-  cfg = MoESharding(_mesh(dict(expert=8)), data_axis=None, expert_axis="expert")
+  cfg = MoESharding(_mesh(dict(expert=8)), data_axis=None, expert_axis="expert",
+                    exchange=exchange)
   plan = sonic_jax.route(args[0], args[1], top_k=K)
   assert int(plan.group_sizes[0]) == prob.T
   ct = jax.random.normal(jax.random.key(5), (prob.T, prob.d), jnp.float32)
@@ -234,7 +240,8 @@ def test_hot_expert_expert_parallel():
   _check(out, grads, ref_out, ref_grads, 1e-5)
 
 
-def test_capacity_overflow_drops_late_pairs():
+@pytest.mark.parametrize("exchange", ["dense", "ragged"])
+def test_capacity_overflow_drops_late_pairs(exchange):
   """capacity_factor=1 with a hot expert: pairs past C per (sender, receiver) are dropped."""
   prob = Problem(T=64, d=32, n=16, E=8, K=K, seed=1)
   x, rw, w1, w2 = make_inputs(prob)
@@ -242,7 +249,8 @@ def test_capacity_overflow_drops_late_pairs():
   x = x.at[:, 0].set(jnp.abs(x[:, 0]) + 1.0)
   rw = rw.at[0, 0].set(50.0).at[0, 1].set(50.0)
   sizes = dict(data=2, expert=4)
-  cfg = MoESharding(_mesh(sizes), expert_axis="expert", capacity_factor=1.0)
+  cfg = MoESharding(_mesh(sizes), expert_axis="expert", capacity_factor=1.0,
+                    exchange=exchange)
   shards, x_size = cfg.num_token_shards, sizes["expert"]
   t_local, e_local = prob.T // shards, prob.E // x_size
   cap = expert_parallel_capacity(t_local, prob.E, K, x_size, capacity_factor=1.0)
@@ -272,6 +280,25 @@ def test_capacity_overflow_drops_late_pairs():
       x, rw)) == dropped
   dropless = MoESharding(cfg.mesh, expert_axis="expert")
   assert int(expert_parallel_dropped(x, rw, sharding=dropless, top_k=K)) == 0
+
+
+def test_ragged_all_to_all_emulation_follows_jax_semantics():
+  """The CPU stand-in for ragged_all_to_all on the example of jax.lax.ragged_all_to_all's
+  docstring: each sender names where its slices land on the receivers."""
+  from sonic_jax.sharding import _ragged_all_to_all
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+  operand = jnp.array([[1, 2, 2], [3, 4, 0]], jnp.float32)
+  output = jnp.zeros((2, 4), jnp.float32)
+  in_off = jnp.array([[0, 1], [0, 1]], jnp.int32)
+  send = jnp.array([[1, 2], [1, 1]], jnp.int32)
+  out_off = jnp.array([[0, 0], [1, 2]], jnp.int32)
+  recv = jnp.array([[1, 1], [2, 1]], jnp.int32)
+  fn = jax.shard_map(
+      lambda *a: _ragged_all_to_all(*(b[0] for b in a), axis="x", max_size=2,
+                                    native=False)[None],
+      mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x"), check_vma=False)
+  got = jax.jit(fn)(operand, output, in_off, send, out_off, recv)
+  np.testing.assert_array_equal(np.asarray(got), [[1, 3, 0, 0], [2, 2, 4, 0]])
 
 
 def test_sharded_module_matches_nn_moe():
@@ -358,6 +385,7 @@ def _bad(cfg_kw=None, sizes=None, **shape_kw):
     (lambda: MoESharding(_mesh(dict(data=8)), fsdp_axis="data"), "distinct mesh axes"),
     (lambda: MoESharding(_mesh(dict(data=8)), data_axis=None), "at least one"),
     (lambda: MoESharding(_mesh(dict(data=8)), capacity_factor=0.0), "capacity_factor"),
+    (lambda: MoESharding(_mesh(dict(data=8)), exchange="sparse"), "exchange must be"),
     (lambda: MoESharding("mesh"), "jax.sharding.Mesh"),
     (lambda: _bad(E=6), r"E = 6 must be divisible by the size 4 of expert_axis"),
     (lambda: _bad(T=60), r"T = 60 .* divisible by the number of token shards 8"),
