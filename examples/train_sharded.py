@@ -33,6 +33,8 @@ def parse_args(argv=None):
                  help="expert axis size (0: largest divisor of both the devices and --experts)")
   p.add_argument("--capacity-factor", type=float, default=None,
                  help="expert-parallel buffer size factor (default: dropless)")
+  p.add_argument("--exchange", choices=("dense", "ragged"), default="dense",
+                 help="expert-parallel exchange: dense all_to_all or ragged_all_to_all")
   add_lm_args(p, steps=50)
   p.add_argument("--check", action="store_true",
                  help="before training, compare the sharded loss and gradients with the "
@@ -74,7 +76,7 @@ def main(argv=None) -> dict:
   mesh = jax.make_mesh((data, args.fsdp, expert), ("data", "fsdp", "expert"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 3)
   sharding = MoESharding(mesh, data_axis="data", fsdp_axis="fsdp", expert_axis="expert",
-                         capacity_factor=args.capacity_factor)
+                         capacity_factor=args.capacity_factor, exchange=args.exchange)
   if args.batch % sharding.num_token_shards:
     raise SystemExit(f"--batch {args.batch} must be divisible by the {sharding.num_token_shards} "
                      "token shards (data·fsdp·expert)")

@@ -27,6 +27,7 @@ def test_train_sharded_on_host_devices():
   import train_sharded
   assert jax.device_count() == 8  # tests/conftest.py
   r = train_sharded.main(["--steps", "8", "--batch", "8", "--seq-len", "32", "--d-model", "32",
-                          "--d-ff", "32", "--fsdp", "2", "--expert", "2", "--check"])
+                          "--d-ff", "32", "--fsdp", "2", "--expert", "2", "--exchange", "ragged",
+                          "--check"])
   assert r["mesh"] == dict(data=2, fsdp=2, expert=2)
   assert r["last_loss"] < r["first_loss"]
