@@ -200,6 +200,26 @@ def test_warp_specialized_variant_matches_xla(d, n, block_k):
   assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
 
 
+@pytest.mark.parametrize("wgs", [1, 2])
+def test_swizzled_epilogue_matches_xla(wgs):
+  """epilogue_swizzle: full tiles take the swizzled SMEM + one TMA path, ragged tiles the
+  ladder. One expert takes every token (a group of 160 rows: two full 64-row tiles), the
+  other groups are ragged and straddle tiles; rows outside the groups stay unwritten (NaN)."""
+  cfg = GemmConfig(block_n=32, epilogue_swizzle=True, num_compute_wgs=wgs,
+                   **dict(_SMALL, block_k=32))
+  kern = PallasKernels(interpret=True, config=ForwardConfig(up_proj=cfg, down_proj=cfg))
+  plan = topk_plan(160, 3, 2, first_choice=2)
+  sizes = np.asarray(plan.group_sizes)
+  assert sizes.max() >= 2 * 64 and (sizes % 64 != 0).any()
+  d, n = 64, 64
+  x = tokens(plan.num_tokens, d)
+  w1, w2 = weights(plan.num_experts, d, n)
+  h, a = kern.up_proj(x, w1, plan)
+  h_ref, a_ref = XLA.up_proj(x, w1, plan)
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
+  assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
+
+
 def test_fused_gather_variant_matches_xla():
   """gather='fused': 1-row TMAs of x rows inside the kernel instead of an XLA gather."""
   kern = PallasKernels(interpret=True, config=ForwardConfig(up_proj=GemmConfig(
@@ -327,6 +347,15 @@ LOWERING_VARIANTS = [
                                        num_compute_wgs=2)),
     ("down_single_bn64", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5)),
     ("dx_pairs_transposed", "dx", 128, 64, dict(block_n=128, max_concurrent_steps=5)),
+    ("up_ws_swizzled_epilogue", "up", 256, 128, dict(block_n=64, max_concurrent_steps=3,
+                                                     num_compute_wgs=2, epilogue_swizzle=True)),
+    ("up_single_swizzled_epilogue", "up", 128, 64, dict(block_n=64, max_concurrent_steps=4,
+                                                        epilogue_swizzle=True)),
+    ("down_ws_swizzled_epilogue", "down", 256, 128, dict(block_n=128, max_concurrent_steps=3,
+                                                         num_compute_wgs=2,
+                                                         epilogue_swizzle=True)),
+    ("down_single_swizzled_epilogue", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5,
+                                                           epilogue_swizzle=True)),
 ]
 
 

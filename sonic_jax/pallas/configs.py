@@ -39,6 +39,9 @@ class GemmConfig:
   num_compute_wgs: 1 = one warpgroup issues TMA and wgmma (``emit_pipeline``); 2 = a TMA
   producer warpgroup feeds two consumer warpgroups splitting N (warp specialization).
   gather: where up_proj gathers x rows: "xla" (before the kernel) or "fused" (in the kernel).
+  epilogue_swizzle: full tiles (all block_m rows in the group, the common case) go through a
+  swizzled SMEM tile and one TMA store (bank-conflict-free register stores); ragged tiles keep
+  the untiled power-of-two store ladder. Both views share one SMEM buffer (``plgpu.RefUnion``).
   num_sms: persistent CTAs (None: the device's SM count).
   """
 
@@ -49,6 +52,7 @@ class GemmConfig:
   grid_tile_width: int = 8
   num_compute_wgs: int = 1
   gather: GatherMode = "xla"
+  epilogue_swizzle: bool = False
   num_sms: int | None = None
 
   def __post_init__(self):

@@ -210,17 +210,56 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     row_start = dst_ref[mi]
     return e, row_start, rows_ref[mi], row_load, row_start - row_load
 
-  def epilogue_store(accs, out_refs, epi_smem, *, ni, wg, row_start, rows, off):
-    """accs: fp32 values (bm, bn) of this warpgroup; writes its column slice of each output."""
+  swizzled = config.epilogue_swizzle and bm <= out_rows
+  epi_swizzle = plgpu.find_swizzle(bn * jnp.dtype(dtype).itemsize * 8)
+  epi_transforms = (plgpu.TilingTransform((8, epi_swizzle // jnp.dtype(dtype).itemsize)),
+                    plgpu.SwizzleTransform(epi_swizzle))
+
+  def epi_alloc(shape):
+    """SMEM for the epilogue tiles: untiled (any row slice, for the ragged ladder), or with
+    ``epilogue_swizzle`` a union of that and a swizzled view of the same bytes (full tiles)."""
+    if not swizzled:
+      return plgpu.SMEM(shape, dtype)
+    return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=epi_transforms),
+                          plgpu.SMEM(shape, dtype))
+
+  def epilogue_store(accs, out_refs, epi, *, ni, wg, row_start, rows, off, row_load):
+    """accs: fp32 values (bm, bn) of this warpgroup; writes its column slice of each output.
+
+    epi: (n_epi, bm, bn) untiled SMEM, or (swizzled view, untiled view) of one buffer."""
     col = ni * bn_cta + wg * bn
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's stores left epi_smem
-    def flush(items):
+
+    def flush_ragged(epi_smem, items):
       for j, (v, _, _) in enumerate(items):
         epi_smem[j] = v.astype(dtype)
       plgpu.commit_smem()
       for j, (_, ref, c0) in enumerate(items):
         _ragged_store(epi_smem.at[j], ref.at[:, pl.ds(c0, bn)], off=off, rows=rows,
                       dst_row=row_start, max_rows=max_store_rows)
+
+    def flush_full(epi_smem, items):
+      # rows == bm: the window is the tile (off == 0), its start a multiple of 8.
+      for j, (v, _, _) in enumerate(items):
+        epi_smem[j] = v.astype(dtype)
+      plgpu.commit_smem()
+      for j, (_, ref, c0) in enumerate(items):
+        plgpu.copy_smem_to_gmem(epi_smem.at[j],
+                                ref.at[pl.ds(row_load, bm), pl.ds(pl.multiple_of(c0, bn), bn)])
+
+    def flush(items):
+      if not swizzled:
+        flush_ragged(epi, items)
+        return
+      epi_swz, epi_lin = epi
+
+      @pl.when(rows == bm)
+      def _():
+        flush_full(epi_swz, items)
+
+      @pl.when(rows != bm)
+      def _():
+        flush_ragged(epi_lin, items)
 
     if swiglu:
       g, u = accs
@@ -271,10 +310,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       accs = pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
 
-      @functools.partial(pl.run_scoped, epi_smem=plgpu.SMEM((n_epi, bm, bn), dtype))
+      @functools.partial(pl.run_scoped, epi_smem=epi_alloc((n_epi, bm, bn)))
       def _store(epi_smem):
         epilogue_store(accs, out_refs, epi_smem, ni=ni, wg=0, row_start=row_start, rows=rows,
-                       off=off)
+                       off=off, row_load=row_load)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -300,7 +339,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         pl.run_scoped,
         allocs=get_pipeline(ignore, ignore, lambda: 0).get_allocations(
             lhs_ref.at[pl.ds(0, bm)], *dummy_rhs),
-        epi_smem=plgpu.SMEM((wgs, n_epi, bm, bn), dtype),
+        epi_smem=epi_alloc((wgs, n_epi, bm, bn)),
         # Arrived on by each consumer once its last wgmma of a tile is done, awaited by the
         # producer before the next tile's first loads (see below).
         tile_done=plgpu.Barrier(num_arrivals=wgs),
@@ -320,8 +359,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             eval_pipeline(tuple(acc_refs))
             accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
             plgpu.barrier_arrive(tile_done)
-            epilogue_store(accs, out_refs, epi_smem.at[wg], ni=ni, wg=wg, row_start=row_start,
-                           rows=rows, off=off)
+            epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
+            epilogue_store(accs, out_refs, epi, ni=ni, wg=wg, row_start=row_start, rows=rows,
+                           off=off, row_load=row_load)
           pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
 
         def step(_, a_smem, *rest_refs):
@@ -394,10 +434,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       accs = pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
 
-      @functools.partial(pl.run_scoped, epi_smem=plgpu.SMEM((n_epi, bm, bn), dtype))
+      @functools.partial(pl.run_scoped, epi_smem=epi_alloc((n_epi, bm, bn)))
       def _store(epi_smem):
         epilogue_store(accs, out_refs, epi_smem, ni=ni, wg=0, row_start=row_start, rows=rows,
-                       off=off)
+                       off=off, row_load=row_load)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
