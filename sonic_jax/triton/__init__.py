@@ -1,0 +1,80 @@
+"""Routing, routing-metadata and combine kernels in Triton (issue 9).
+
+Two implementations of each kernel, selected with ``impl=``:
+
+* ``"jax_triton"``: ``@triton.jit`` kernels (``_jt_kernels.py``) launched by jax-triton's
+  ``triton_call``. Optional: needs the ``triton`` extra (``jax-triton`` 0.3.x, which targets
+  triton 3.6; see docs/triton.md) and a CUDA GPU. Nothing here imports it until it is used.
+* ``"pallas_triton"``: the same algorithms as ``pl.pallas_call`` kernels lowered by Pallas'
+  Triton backend (``pallas_kernels.py``); no extra package; ``interpret=True`` runs them on a CPU.
+
+Entry points: ``topk_softmax`` (fused softmax + top-K), ``routing_metadata`` /
+``plan_from_assignments`` / ``route_logits`` (RoutingPlan without a full argsort) and
+``combine`` (per-token gather-and-sum). ``xla`` means the reference path in sonic_jax.routing
+and the xla backend.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+IMPLS = ("jax_triton", "pallas_triton")
+
+
+@functools.cache
+def jax_triton_unavailable_reason() -> str | None:
+  """None when jax-triton kernels can run on the default device, else why not."""
+  try:
+    import triton  # noqa: F401
+  except ImportError as e:
+    return f"triton is not installed ({e}); pip install 'sonic-jax[triton]'"
+  try:
+    import jax_triton  # noqa: F401
+  except ImportError as e:
+    return f"jax_triton does not import ({e}); pip install 'sonic-jax[triton]'"
+  return _gpu_reason()
+
+
+def pallas_triton_unavailable_reason(interpret: bool = False) -> str | None:
+  """None when Pallas-Triton kernels can run (always with ``interpret``), else why not."""
+  return None if interpret else _gpu_reason()
+
+
+def _gpu_reason() -> str | None:
+  try:
+    dev = jax.devices()[0]
+  except RuntimeError as e:
+    return str(e)
+  if dev.platform != "gpu":
+    return f"it needs a CUDA GPU and the default device is {dev.platform!r}"
+  return None
+
+
+def validate_impl(impl) -> None:
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+def check_available(impl: str, interpret: bool) -> None:
+  """Raises RuntimeError saying why ``impl`` cannot run here (after validate_impl)."""
+  if impl == "jax_triton":
+    if interpret:
+      raise ValueError("interpret=True needs impl='pallas_triton' (jax-triton kernels have no "
+                       "CPU interpreter)")
+    reason = jax_triton_unavailable_reason()
+  else:
+    reason = pallas_triton_unavailable_reason(interpret)
+  if reason:
+    raise RuntimeError(f"impl={impl!r} is not available: {reason}")
+
+
+from sonic_jax.triton.combine import CombineConfig, combine  # noqa: E402
+from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  # noqa: E402
+                                       route_logits, routing_metadata)
+from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
+
+__all__ = ["IMPLS", "TopKConfig", "MetadataConfig", "CombineConfig", "topk_softmax",
+           "routing_metadata", "plan_from_assignments", "route_logits", "combine",
+           "jax_triton_unavailable_reason", "pallas_triton_unavailable_reason"]

@@ -1,0 +1,122 @@
+"""Triton kernels called through jax-triton (imported only when ``triton`` and ``jax_triton`` are).
+
+Three families, each a plain ``@triton.jit`` function; the JAX wrappers (shapes, validation,
+launch grids) are in topk.py, metadata.py and combine.py. All index math that can exceed 2**31
+(row * d) is done in int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def topk_softmax_kernel(logits_ptr, probs_ptr, experts_ptr, num_rows,
+                        E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr,
+                        BLOCK_T: tl.constexpr):
+  """BLOCK_T rows of (T, E) logits -> top-K softmax probabilities (T, K) fp32, experts (T, K).
+
+  Selection is on the fp32 logits (softmax is monotone), largest first, ties to the lower
+  expert; a ``taken`` mask (not a -inf overwrite) keeps -inf logits selectable exactly once.
+  """
+  rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+  cols = tl.arange(0, E_PAD)
+  row_ok = rows < num_rows
+  mask = row_ok[:, None] & (cols[None, :] < E)
+  ptrs = logits_ptr + rows[:, None].to(tl.int64) * E + cols[None, :]
+  x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
+  m = tl.max(x, axis=1)
+  m = tl.where(row_ok, m, 0.0)  # masked rows: avoid -inf - -inf
+  denom = tl.sum(tl.exp(x - m[:, None]), axis=1)
+  taken = (cols[None, :] >= E) | (rows[:, None] < 0)  # (BLOCK_T, E_PAD): padding columns
+  for k in tl.static_range(K):
+    cand = tl.where(taken, float("-inf"), x)
+    best = tl.max(cand, axis=1)
+    hit = (cand == best[:, None]) & (taken == 0)
+    idx = tl.min(tl.where(hit, cols[None, :], E_PAD), axis=1)
+    p = tl.exp(best - m) / denom
+    tl.store(probs_ptr + rows * K + k, p, mask=row_ok)
+    tl.store(experts_ptr + rows * K + k, idx, mask=row_ok)
+    taken = taken | (cols[None, :] == idx[:, None])
+
+
+@triton.jit
+def histogram_kernel(keys_ptr, num_valid_ptr, counts_ptr, num_pairs,
+                     E: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                     NCHUNK: tl.constexpr):
+  """counts[b, e] = #{valid j in block b : keys[j] == e} for e < E_PAD (zero from E on);
+  block b = NCHUNK * CHUNK pairs."""
+  pid = tl.program_id(0)
+  nv = tl.load(num_valid_ptr)
+  bins = tl.arange(0, E_PAD)
+  ii = tl.arange(0, CHUNK)
+  acc = tl.zeros((E_PAD,), tl.int32)
+  for c in tl.static_range(NCHUNK):
+    j = (pid * NCHUNK + c) * CHUNK + ii
+    ok = (j < nv) & (j < num_pairs)
+    e = tl.load(keys_ptr + j, mask=ok, other=E_PAD)  # E_PAD matches no bin
+    acc += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
+  tl.store(counts_ptr + pid * E_PAD + bins, acc)
+
+
+@triton.jit
+def scatter_kernel(keys_ptr, tokens_ptr, base_ptr, num_valid_ptr,
+                   reverse_ptr, scatter_ptr, gather_ptr, num_pairs,
+                   E: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
+                   CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
+  """Stable counting-sort scatter: grouped row p = base[b, e] + rank of j among e's pairs.
+
+  base[b, e] is the first grouped row of expert e's pairs from block b (group offset plus the
+  counts of earlier blocks). Inside a block, chunks run in order with a running (E,) count;
+  inside a chunk, the rank is the number of earlier pairs with the same expert. Pairs past
+  num_valid (padding, a suffix) keep p = j. TOP_K > 0: token = j // TOP_K, else tokens[j].
+  """
+  pid = tl.program_id(0)
+  nv = tl.load(num_valid_ptr)
+  bins = tl.arange(0, E_PAD)
+  ii = tl.arange(0, CHUNK)
+  run = tl.load(base_ptr + pid * E_PAD + bins)
+  for c in tl.static_range(NCHUNK):
+    j = (pid * NCHUNK + c) * CHUNK + ii
+    in_range = j < num_pairs
+    ok = (j < nv) & in_range
+    e = tl.load(keys_ptr + j, mask=ok, other=E_PAD)
+    onehot = e[:, None] == bins[None, :]
+    start = tl.sum(tl.where(onehot, run[None, :], 0), axis=1)
+    earlier = (e[:, None] == e[None, :]) & (ii[None, :] < ii[:, None])
+    rank = tl.sum(earlier.to(tl.int32), axis=1)
+    p = tl.where(ok, start + rank, j)
+    if TOP_K > 0:
+      tok = j // TOP_K
+    else:
+      tok = tl.load(tokens_ptr + j, mask=in_range, other=0)
+    tl.store(reverse_ptr + j, p, mask=in_range)
+    tl.store(scatter_ptr + p, j, mask=in_range)
+    tl.store(gather_ptr + p, tok, mask=in_range)
+    run += tl.sum(onehot.to(tl.int32), axis=0)
+
+
+@triton.jit
+def combine_kernel(y_ptr, reverse_ptr, scores_ptr, out_ptr, num_tokens,
+                   D: tl.constexpr, K: tl.constexpr, WEIGHTED: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+  """out[t, cols] = Σ_k s[t, k] · y[reverse[t·K + k], cols] in fp32 (top-K plans).
+
+  D % BLOCK_D == 0 (checked by the wrapper), so the column mask is dropped and each thread's
+  contiguous bf16 columns become 16-byte loads (jax-triton passes 16-byte aligned pointers).
+  """
+  t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+  c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+  t_ok = t < num_tokens
+  acc = tl.zeros((BLOCK_T, BLOCK_D), tl.float32)
+  for k in tl.static_range(K):
+    row = tl.load(reverse_ptr + t * K + k, mask=t_ok, other=0)
+    y = tl.load(y_ptr + row[:, None].to(tl.int64) * D + c[None, :], mask=t_ok[:, None],
+                other=0.0).to(tl.float32)
+    if WEIGHTED:
+      s = tl.load(scores_ptr + t * K + k, mask=t_ok, other=0.0)
+      y = y * s[:, None]
+    acc += y
+  out = out_ptr + t[:, None].to(tl.int64) * D + c[None, :]
+  tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None])
