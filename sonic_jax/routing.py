@@ -175,7 +175,7 @@ def validate_routing_args(logits: jax.Array, top_k: int, routing) -> TokenRoundi
 
 
 def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
-                 routing: str | TokenRounding = "topk") -> RoutingPlan:
+                 routing: str | TokenRounding = "topk", impl: str = "xla") -> RoutingPlan:
   """Routes tokens from router logits (T, E).
 
   Scores are fp32: p = softmax(logits) over all experts; top-K by p; with ``renormalize`` the
@@ -183,8 +183,20 @@ def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
   they are the raw probabilities. Token rounding keeps, per expert, the best-ranked tokens up to a
   multiple of the tile (see ``TokenRounding``); kept pairs take p (divided by the sum of the
   token's top-K probabilities when ``renormalize``), so a tile of 1 reproduces top-K routing.
+
+  impl: "xla" (this module), or a kernel implementation of top-K routing from sonic_jax.triton
+  ("jax_triton", "pallas_triton", or "auto": the fastest measured one that runs here, else
+  "xla"); token rounding always runs here.
   """
   rounding = validate_routing_args(logits, top_k, routing)
+  # --- hook (issue 9): top-K routing by the sonic_jax.triton kernels; same plan, bit for bit.
+  if impl != "xla":
+    from sonic_jax import triton as triton_routing
+    impl = triton_routing.resolve_route_impl(impl)
+    if impl != "xla" and rounding is None:
+      return triton_routing.route_logits(logits, top_k=top_k, renormalize=renormalize,
+                                         impl=impl)
+  # --- end hook
   num_tokens, num_experts = logits.shape
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   top_p, top_e = jax.lax.top_k(probs, top_k)
@@ -232,11 +244,11 @@ def _token_rounding_plan(probs, top_p, top_e, denom, rounding: TokenRounding,
 
 
 def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = True,
-          routing: str | TokenRounding = "topk") -> RoutingPlan:
+          routing: str | TokenRounding = "topk", impl: str = "xla") -> RoutingPlan:
   """Router GEMM + routing: x (T, d), router_w (d, E) -> RoutingPlan. See ``route_logits``."""
   validate_router_args(x, router_w)
   return route_logits(router_logits(x, router_w), top_k=top_k, renormalize=renormalize,
-                      routing=routing)
+                      routing=routing, impl=impl)
 
 
 def validate_router_args(x, router_w) -> None:

@@ -70,11 +70,32 @@ def check_available(impl: str, interpret: bool) -> None:
     raise RuntimeError(f"impl={impl!r} is not available: {reason}")
 
 
+ROUTE_IMPLS = ("xla", "auto") + IMPLS
+# route_logits(impl="auto"): fastest first, by benchmarks/results/triton-h200-2026-12-02-s2.md.
+AUTO_ROUTE_ORDER: tuple[str, ...] = ("xla",)
+
+
+def resolve_route_impl(impl) -> str:
+  """"auto" -> the first entry of AUTO_ROUTE_ORDER that runs on the default device."""
+  if impl not in ROUTE_IMPLS:
+    raise ValueError(f"impl must be one of {ROUTE_IMPLS}, got {impl!r}")
+  if impl != "auto":
+    return impl
+  for candidate in AUTO_ROUTE_ORDER:
+    if candidate == "xla":
+      return candidate
+    reason = (jax_triton_unavailable_reason() if candidate == "jax_triton"
+              else pallas_triton_unavailable_reason())
+    if reason is None:
+      return candidate
+  return "xla"
+
+
 from sonic_jax.triton.combine import CombineConfig, combine  # noqa: E402
 from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  # noqa: E402
                                        route_logits, routing_metadata)
 from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
-__all__ = ["IMPLS", "TopKConfig", "MetadataConfig", "CombineConfig", "topk_softmax",
+__all__ = ["IMPLS", "ROUTE_IMPLS", "resolve_route_impl", "TopKConfig", "MetadataConfig", "CombineConfig", "topk_softmax",
            "routing_metadata", "plan_from_assignments", "route_logits", "combine",
            "jax_triton_unavailable_reason", "pallas_triton_unavailable_reason"]

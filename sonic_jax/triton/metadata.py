@@ -81,7 +81,7 @@ def validate_metadata_args(expert_ids, num_experts, top_k, token_ids) -> None:
                        f"hold T*K pairs")
   elif getattr(token_ids, "shape", None) != expert_ids.shape:
     raise ValueError(f"token_ids must have the shape of expert_ids {expert_ids.shape} when "
-                     f"top_k is None, got {jnp.shape(token_ids)}")
+                     f"top_k is None, got {getattr(token_ids, 'shape', None)}")
 
 
 def routing_metadata(expert_ids: jax.Array, *, num_experts: int, top_k: int | None = None,
