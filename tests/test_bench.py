@@ -244,3 +244,37 @@ def test_gpu_shaped_results_render(tmp_path):
   assert "363 / 403 | 240 / 303 | 5.00 |" in sec  # paper, original H200, pallas GiB
   header = next(line for line in sec.split("\n") if line.startswith("| config |"))
   assert "pallas" in header and "ffi" not in header  # a backend that never ran: no column
+
+
+def test_merge_keeps_measured_rows_and_readme_shows_only_the_merge(tmp_path):
+  from sonic_jax.bench import merge
+  old = _fake_gpu_doc()  # pallas ok, tokamax ok, ffi skipped
+  new = _fake_gpu_doc()
+  new["meta"]["date"] = "2026-12-02 15:00 UTC"
+  new["meta"]["notes"] = ["second run"]
+  for r in new["results"]:
+    if r["impl"] == "pallas":
+      r["modes"]["fwd"]["tflops"] = 400.0  # newer measurement wins
+    elif r["impl"] == "tokamax":
+      r.update(status="skipped", reason="skipped: not asked", modes={})  # older one kept
+    else:
+      r.update(status="ok", reason=None, modes={"fwd": {"ms": 1.0, "tflops": 350.0}})
+  a, b = tmp_path / "bench-h200-a.json", tmp_path / "bench-h200-b.json"
+  a.write_text(json.dumps(old))
+  b.write_text(json.dumps(new))
+  out = tmp_path / "bench-h200-merged.json"
+  assert merge.main([str(out), str(a), str(b), "--no-plots"]) == 0
+  doc = json.loads(out.read_text())
+  rows = {r["impl"]: r for r in doc["results"]}
+  assert rows["pallas"]["modes"]["fwd"]["tflops"] == 400.0
+  assert rows["pallas"]["source"] == b.name
+  assert rows["tokamax"]["status"] == "ok" and rows["tokamax"]["source"] == a.name
+  assert rows["ffi"]["status"] == "ok"
+  assert [s["file"] for s in doc["meta"]["merged_from"]] == [a.name, b.name]
+  assert doc["meta"]["notes"] == [f"[{b.name}] second run"]
+  chosen = readme.select(readme.load_results(str(tmp_path)))
+  assert [p for p, _ in chosen] == [str(out)]
+  other = _fake_gpu_doc()
+  other["meta"]["routing"] = "tr"
+  with pytest.raises(ValueError, match="routing"):
+    merge.merge([("x.json", old), ("y.json", other)])

@@ -36,7 +36,12 @@ def load_results(results_dir: str) -> list[tuple[str, dict]]:
 
 
 def select(docs: list[tuple[str, dict]], allow_cpu: bool = False) -> list[tuple[str, dict]]:
-  """The newest device-day's documents: GPU runs unless ``allow_cpu`` and none exist."""
+  """The newest device-day's documents: GPU runs unless ``allow_cpu`` and none exist. Runs
+  that a merged document (``sonic_jax.bench.merge``) includes are left out."""
+  merged = {src["file"] for _, d in docs for src in d["meta"].get("merged_from", [])
+            if src.get("file")}
+  docs = [(p, d) for p, d in docs
+          if os.path.basename(p) not in merged or d["meta"].get("merged_from")]
   gpu = [(p, d) for p, d in docs if d["meta"].get("platform") == "gpu"]
   pool = gpu or (docs if allow_cpu else [])
   if not pool:

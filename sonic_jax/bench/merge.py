@@ -1,0 +1,81 @@
+"""Merges benchmark runs into one results document.
+
+A device call lasts at most ten minutes, so a full run of every backend and baseline may be
+split over calls (``--backends ... --baselines none`` in one, ``--backends none --baselines
+...`` in another). ``python -m sonic_jax.bench.merge OUT.json RUN1.json RUN2.json ...`` keeps,
+for every (config, impl), the row of the LAST run that measured it (status ok/partial; else the
+last run's row), marks each row with the file it came from, and records the sources in
+``meta["merged_from"]`` (``sonic_jax.bench.readme`` then shows only the merged document).
+Runs must share routing and device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+
+from sonic_jax.bench import report
+
+_MEASURED = ("ok", "partial")
+
+
+def merge(docs: list[tuple[str, dict]]) -> dict:
+  """docs: [(path, doc)] oldest first. Returns the merged document."""
+  if not docs:
+    raise ValueError("merge needs at least one results document")
+  first = docs[0][1]["meta"]
+  for path, doc in docs[1:]:
+    m = doc["meta"]
+    for key in ("routing", "device_kind", "platform"):
+      if m.get(key) != first.get(key):
+        raise ValueError(f"{path}: meta {key!r} is {m.get(key)!r}, but {docs[0][0]} has "
+                         f"{first.get(key)!r}; only runs of one routing on one device merge")
+  rows: dict[tuple[str, str], dict] = {}
+  for path, doc in docs:
+    for row in doc["results"]:
+      key = (row["config"], row["impl"])
+      row = dict(row, source=os.path.basename(path))
+      old = rows.get(key)
+      if old is None or row["status"] in _MEASURED or old["status"] not in _MEASURED:
+        rows[key] = row
+  newest = copy.deepcopy(docs[-1][1]["meta"])
+  newest["merged_from"] = [
+      {"file": os.path.basename(p), "date": d["meta"].get("date"),
+       "command": d["meta"].get("command")} for p, d in docs]
+  newest["command"] = " ; ".join(f"[{os.path.basename(p)}] {d['meta'].get('command')}"
+                                 for p, d in docs)
+  notes = []
+  for p, d in docs:
+    notes += [f"[{os.path.basename(p)}] {n}" for n in d["meta"].get("notes", [])]
+  newest["notes"] = notes
+  newest["complete"] = all(d["meta"].get("complete") for _, d in docs)
+  # Configs in first-seen order, implementations in first-seen order within each.
+  order = list(dict.fromkeys(r["config"] for _, d in docs for r in d["results"]))
+  impls = list(dict.fromkeys(r["impl"] for _, d in docs for r in d["results"]))
+  results = [rows[(c, i)] for c in order for i in impls if (c, i) in rows]
+  return {"meta": newest, "results": results}
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m sonic_jax.bench.merge", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("out", help="merged results JSON to write (Markdown and plots beside it)")
+  ap.add_argument("runs", nargs="+", help="results JSONs, oldest first")
+  ap.add_argument("--no-plots", action="store_true")
+  args = ap.parse_args(argv)
+  docs = []
+  for p in args.runs:
+    with open(p) as f:
+      docs.append((p, json.load(f)))
+  doc = merge(docs)
+  stem = args.out[:-5] if args.out.endswith(".json") else args.out
+  print(report.terminal_table(doc))
+  for p in report.write_outputs(doc, stem, make_plots=not args.no_plots):
+    print("wrote", p)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
