@@ -16,7 +16,8 @@
 # Back here: copy those files into benchmarks/results/, commit, then regenerate the README section:
 #   python -m sonic_jax.bench.readme
 #
-# Knobs (environment): BENCH_TOTAL_S (default 470: seconds for everything), WHEELS_DIR,
+# Knobs (environment): BENCH_TOTAL_S (default 470: seconds for everything), WHEELS_DIR
+# ("installed": the caller already installed them into /tmp/site),
 # BUILD_FFI (auto|0|1; auto = build csrc/ when the library is missing and nvcc exists),
 # FFI_BUILD_S (default 240), RESULTS_DIR (default benchmarks/results), BENCH_ARGS (extra
 # arguments for python -m sonic_jax.bench; later options override earlier ones).
@@ -41,7 +42,10 @@ WHEELS=""
 for d in "${WHEELS_DIR:-}" .gpu_wheels .whl; do
   if [ -n "$d" ] && compgen -G "$d/*.whl" >/dev/null; then WHEELS=$d; break; fi
 done
-if [ -n "$WHEELS" ]; then
+if [ "${WHEELS_DIR:-}" = installed ]; then
+  echo "== wheels already installed in /tmp/site by the caller"
+  export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:${PYTHONPATH:-}
+elif [ -n "$WHEELS" ]; then
   echo "== installing wheels from $WHEELS: $(cd "$WHEELS" && ls *.whl | tr '\n' ' ')"
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
       "$WHEELS"/*.whl || echo "warning: wheel install failed; those baselines will be skipped"
