@@ -309,6 +309,8 @@ def main():
   ap.add_argument("--budget-s", type=float, default=120.0)
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--interpret", action="store_true")
+  ap.add_argument("--phase", type=int, default=1,
+                  help="1: the broad sweep; 2: old vs new default configs (the confirmation run)")
   args = ap.parse_args()
   os.makedirs(args.out_dir, exist_ok=True)
   sw = Sweep(args)
@@ -326,6 +328,34 @@ def main():
     sw.dh(s, "default", DhConfig(block_n=64, epi_n=64))
     sw.wgrad(s, "dw1", "default", WgradConfig())
     sw.wgrad(s, "dw2", "default", WgradConfig())
+  elif args.phase == 2:
+    fwd, bwd = "30B-512", "120B-1024"
+    G, W = cfgs.GemmConfig, WgradConfig
+    new_up = {"new default ws2 bn64 s3 w8 swz": up["ws2 bn64 s3 w8 swz"],
+              "ws2 bn64 bk32 s6 w8 swz": G(block_n=64, block_k=32, max_concurrent_steps=6,
+                                           num_compute_wgs=2, epilogue_swizzle=True)}
+    new_down = {"new default ws2 bn128 bk32 s6 w8": down["ws2 bn128 bk32 s6 w8"],
+                "ws2 bn128 bk32 s6 w16": G(block_n=128, block_k=32, max_concurrent_steps=6,
+                                           num_compute_wgs=2, grid_tile_width=16)}
+    for s in (fwd, "7B-1024"):
+      sw.dense_jobs(s, ["up", "down"])
+      sw.up(s, "old default ws2 bn64 s3 w8", up["ws2 bn64 s3 w8"])
+      for name, c in new_up.items():
+        sw.up(s, name, c)
+      sw.down(s, "old default ws2 bn128 s3 w8", down["ws2 bn128 s3 w8"])
+      for name, c in new_down.items():
+        sw.down(s, name, c)
+    sw.dense_jobs(bwd, ["dh", "dw1", "dw2"])
+    sw.dh(bwd, "128x128x64 s4 gbn8 epi64, H prefetched", DhConfig())
+    sw.wgrad(bwd, "dw1", "new default 128x128x64 s5 gbn4", W(max_concurrent_steps=5,
+                                                                grid_block_n=4))
+    sw.wgrad(bwd, "dw2", "new default 128x128x64 s5 gbn4", W(max_concurrent_steps=5,
+                                                                grid_block_n=4))
+    sw.up(fwd, "new default ws2 bn64 s3 w8 swz", up["ws2 bn64 s3 w8 swz"], with_gather=True)
+    for s in ("120B-2048", "7B-256"):
+      sw.dense_jobs(s, ["up", "down"])
+      sw.up(s, "new default ws2 bn64 s3 w8 swz", up["ws2 bn64 s3 w8 swz"])
+      sw.down(s, "new default ws2 bn128 bk32 s6 w8", down["ws2 bn128 bk32 s6 w8"])
   else:
     fwd, bwd = "30B-512", "120B-1024"
     W = WgradConfig

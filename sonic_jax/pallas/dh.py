@@ -190,49 +190,18 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
     def _(loop_info: plgpu.NDLoopInfo):
       mi, ni = plgpu.planar_snake(loop_info.index[0], (tiles_max, grid_n), 1,
                                   config.grid_block_n)
-      rows = meta_gmem[3, mi]
 
-      @pl.when(rows > 0)
-      def _():
-        e = meta_gmem[0, mi]
-        blk = meta_gmem[1, mi]
-        lo = meta_gmem[2, mi]
-        row_start = pl.multiple_of(blk * bm, bm)
-        m_slice = pl.ds(row_start, bm)  # may run past P on the last block: never stored
-
-        def acc_scope(acc_ref):
-          plgpu.emit_pipeline(
-              lambda _, a_smem, b_smem: plgpu.wgmma(acc_ref, a_smem, b_smem.T),
-              grid=(d // bk,),
-              in_specs=[
-                  plgpu.BlockSpec((bm, bk), lambda k: (blk, k), delay_release=1),
-                  plgpu.BlockSpec((bn, bk), lambda k: (ni, k), delay_release=1),
-              ],
-              max_concurrent_steps=config.max_concurrent_steps,
-          )(lhs_gmem, w2_gmem.at[e])
-          return acc_ref[...]
-
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
-
+      def epilogue(acc, gate_smem, up_smem, s_smem, barriers, *, lo, rows, mi, ni, row_start):
         @functools.partial(
             pl.run_scoped,
-            gate_smem=plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
-            up_smem=plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
             # Outputs are chunked (chunk, row, col) so each chunk is a whole untiled SMEM
             # array: the ragged row stores slice it at arbitrary rows.
             dgate_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
             dup_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
             ap_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
-            s_smem=plgpu.SMEM((bm,), _F32),
             ds_smem=plgpu.SMEM((bm,), _F32),
-            barriers=plgpu.Barrier(num_barriers=3),
         )
-        def _(gate_smem, up_smem, dgate_smem, dup_smem, ap_smem, s_smem, ds_smem, barriers):
-          plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(ni * bn, bn)], gate_smem,
-                                  barriers.at[0])
-          plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(n + ni * bn, bn)], up_smem,
-                                  barriers.at[1])
-          plgpu.copy_gmem_to_smem(s_gmem.at[m_slice], s_smem, barriers.at[2])
+        def _(dgate_smem, dup_smem, ap_smem, ds_smem):
           for i in range(3):
             plgpu.barrier_wait(barriers.at[i])
           s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
@@ -264,6 +233,48 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             _store_rows(ap_smem.at[c], ap_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
           plgpu.copy_smem_to_gmem(ds_smem, dsp_gmem.at[ni, mi])
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+      rows = meta_gmem[3, mi]
+
+      @pl.when(rows > 0)
+      def _():
+        e = meta_gmem[0, mi]
+        blk = meta_gmem[1, mi]
+        lo = meta_gmem[2, mi]
+        row_start = pl.multiple_of(blk * bm, bm)
+        m_slice = pl.ds(row_start, bm)  # may run past P on the last block: never stored
+
+        def acc_scope(acc_ref):
+          plgpu.emit_pipeline(
+              lambda _, a_smem, b_smem: plgpu.wgmma(acc_ref, a_smem, b_smem.T),
+              grid=(d // bk,),
+              in_specs=[
+                  plgpu.BlockSpec((bm, bk), lambda k: (blk, k), delay_release=1),
+                  plgpu.BlockSpec((bn, bk), lambda k: (ni, k), delay_release=1),
+              ],
+              max_concurrent_steps=config.max_concurrent_steps,
+          )(lhs_gmem, w2_gmem.at[e])
+          return acc_ref[...]
+
+        # H gate / up tiles and the scores are TMA-loaded before the K loop, so their HBM
+        # latency hides under it instead of stalling the epilogue (SMEM: 2·bm·bn H + the
+        # pipeline ring, then the ring's space is reused for the output tiles).
+        @functools.partial(
+            pl.run_scoped,
+            gate_smem=plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
+            up_smem=plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
+            s_smem=plgpu.SMEM((bm,), _F32),
+            barriers=plgpu.Barrier(num_barriers=3),
+        )
+        def _(gate_smem, up_smem, s_smem, barriers):
+          plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(ni * bn, bn)], gate_smem,
+                                  barriers.at[0])
+          plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(n + ni * bn, bn)], up_smem,
+                                  barriers.at[1])
+          plgpu.copy_gmem_to_smem(s_gmem.at[m_slice], s_smem, barriers.at[2])
+          acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
+          epilogue(acc, gate_smem, up_smem, s_smem, barriers, lo=lo, rows=rows, mi=mi, ni=ni,
+                   row_start=row_start)
 
   kernel = plgpu.kernel(
       body,

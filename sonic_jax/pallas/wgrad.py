@@ -62,8 +62,11 @@ class WgradConfig:
 
 
 def wgrad_config_for(m: int, n: int) -> WgradConfig:
-  """Default tiling for an (E, m, n) output: 128-wide tiles where the shape allows, else 64."""
-  return WgradConfig(block_m=128 if m % 128 == 0 else 64, block_n=128 if n % 128 == 0 else 64)
+  """Default tiling for an (E, m, n) output: 128-wide tiles where the shape allows, else 64;
+  5 stages and a planar-snake width of 4 (dW1 at T=32768, d=4096, n=1024, E=128, K=8 on H200:
+  6.52 ms against 6.76 ms with 4 stages and width 1)."""
+  return WgradConfig(block_m=128 if m % 128 == 0 else 64, block_n=128 if n % 128 == 0 else 64,
+                     max_concurrent_steps=5, grid_block_n=4)
 
 
 def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
