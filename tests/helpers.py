@@ -46,3 +46,14 @@ def make_inputs(p: Problem, dtype=jnp.float32):
   w1 = jax.random.normal(k[2], (p.E, p.d, 2 * p.n), jnp.float32) / np.sqrt(p.d)
   w2 = jax.random.normal(k[3], (p.E, p.n, p.d), jnp.float32) / np.sqrt(p.n)
   return tuple(a.astype(dtype) for a in (x, rw, w1, w2))
+
+
+def value_and_grads(fn, args, ct):
+  """Output of fn(*args) and the gradients of <fn(*args), ct> for every argument, one jit."""
+
+  @jax.jit
+  def run(args):
+    out, vjp = jax.vjp(fn, *args)
+    return out, vjp(ct)
+
+  return run(args)

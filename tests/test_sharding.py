@@ -20,7 +20,7 @@ import sonic_jax.xla_backend
 from sonic_jax import reference
 from sonic_jax.sharding import (MoESharding, expert_parallel_capacity, expert_parallel_dropped,
                                 sharded_moe)
-from tests.helpers import Problem, make_inputs, rel_err
+from tests.helpers import Problem, make_inputs, rel_err, value_and_grads
 
 K = 2
 PROB = Problem(T=64, d=32, n=16, E=12, K=K)  # E/X = 3 or 6 local experts: not powers of 2
@@ -31,17 +31,6 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) d
 def _mesh(sizes: dict[str, int], explicit: bool = False):
   kind = AxisType.Explicit if explicit else AxisType.Auto
   return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(kind,) * len(sizes))
-
-
-def _value_and_grads(fn, args, ct):
-  """Output of fn(*args) and the gradients of <fn(*args), ct> for every argument, one jit."""
-
-  @jax.jit
-  def run(args):
-    out, vjp = jax.vjp(fn, *args)
-    return out, vjp(ct)
-
-  return run(args)
 
 
 @functools.partial(jax.jit, static_argnames=("routing",))
@@ -217,7 +206,7 @@ def test_token_rounding_per_shard():
   ref_out = jnp.concatenate([o for o, _ in per_shard])
   ref_grads = (jnp.concatenate([g[0] for _, g in per_shard]),
                *(sum(g[i] for _, g in per_shard) for i in (1, 2, 3)))
-  out, grads = _value_and_grads(
+  out, grads = value_and_grads(
       lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, routing=rounding, backend="xla"),
       args, ct)
   _check(out, grads, ref_out, ref_grads, 1e-5)
@@ -235,7 +224,7 @@ def test_hot_expert_expert_parallel(exchange):
   assert int(plan.group_sizes[0]) == prob.T
   ct = jax.random.normal(jax.random.key(5), (prob.T, prob.d), jnp.float32)
   ref_out, ref_grads = _moe_vjp(args, ct)
-  out, grads = _value_and_grads(
+  out, grads = value_and_grads(
       lambda *a: sharded_moe(*a, sharding=cfg, top_k=K, backend="xla"), args, ct)
   _check(out, grads, ref_out, ref_grads, 1e-5)
 

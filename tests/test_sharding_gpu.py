@@ -16,7 +16,7 @@ from jax.sharding import AxisType
 
 import sonic_jax
 from sonic_jax.sharding import MoESharding, sharded_moe
-from tests.helpers import Problem, make_inputs, rel_err
+from tests.helpers import Problem, make_inputs, rel_err, value_and_grads
 
 pytestmark = pytest.mark.gpu
 
@@ -28,15 +28,6 @@ MODES = {
 }
 
 
-def _value_and_grads(fn, args, ct):
-  @jax.jit
-  def run(args):
-    out, vjp = jax.vjp(fn, *args)
-    return out, vjp(ct)
-
-  return run(args)
-
-
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("backend", ["pallas", "ffi"])
 def test_sharded_gpu_backend_matches_unsharded(backend, mode):
@@ -46,9 +37,9 @@ def test_sharded_gpu_backend_matches_unsharded(backend, mode):
   cfg = MoESharding(mesh, **MODES[mode])
   args = make_inputs(PROB, jnp.bfloat16)
   ct = jax.random.normal(jax.random.key(3), (PROB.T, PROB.d), jnp.bfloat16)
-  want = _value_and_grads(
+  want = value_and_grads(
       lambda *a: sonic_jax.moe(*a, top_k=PROB.K, backend=backend), args, ct)
-  got = _value_and_grads(
+  got = value_and_grads(
       lambda *a: sharded_moe(*a, sharding=cfg, top_k=PROB.K, backend=backend), args, ct)
   names = ("out", "dx", "drouter", "dw1", "dw2")
   for name, g, w in zip(names, jax.tree.leaves(got), jax.tree.leaves(want)):
