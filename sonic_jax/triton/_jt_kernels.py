@@ -49,15 +49,14 @@ def histogram_kernel(keys_ptr, num_valid_ptr, counts_ptr, num_pairs,
   block b = NCHUNK * CHUNK pairs."""
   pid = tl.program_id(0)
   nv = tl.load(num_valid_ptr)
-  bins = tl.arange(0, E_PAD)
   ii = tl.arange(0, CHUNK)
   acc = tl.zeros((E_PAD,), tl.int32)
-  for c in tl.static_range(NCHUNK):
+  for c in tl.range(NCHUNK):
     j = (pid * NCHUNK + c) * CHUNK + ii
     ok = (j < nv) & (j < num_pairs)
-    e = tl.load(keys_ptr + j, mask=ok, other=E_PAD)  # E_PAD matches no bin
-    acc += tl.sum((e[:, None] == bins[None, :]).to(tl.int32), axis=0)
-  tl.store(counts_ptr + pid * E_PAD + bins, acc)
+    e = tl.load(keys_ptr + j, mask=ok, other=0)
+    acc += tl.histogram(e, E_PAD, mask=ok)
+  tl.store(counts_ptr + pid * E_PAD + tl.arange(0, E_PAD), acc)
 
 
 @triton.jit
@@ -69,21 +68,20 @@ def scatter_kernel(keys_ptr, tokens_ptr, base_ptr, num_valid_ptr,
 
   base[b, e] is the first grouped row of expert e's pairs from block b (group offset plus the
   counts of earlier blocks). Inside a block, chunks run in order with a running (E,) count;
-  inside a chunk, the rank is the number of earlier pairs with the same expert. Pairs past
+  inside a chunk, the rank is the number of earlier pairs with the same expert (tl.histogram
+  and tl.gather keep the running counts in registers, no one-hot (chunk, E) tile). Pairs past
   num_valid (padding, a suffix) keep p = j. TOP_K > 0: token = j // TOP_K, else tokens[j].
   """
   pid = tl.program_id(0)
   nv = tl.load(num_valid_ptr)
-  bins = tl.arange(0, E_PAD)
   ii = tl.arange(0, CHUNK)
-  run = tl.load(base_ptr + pid * E_PAD + bins)
-  for c in tl.static_range(NCHUNK):
+  run = tl.load(base_ptr + pid * E_PAD + tl.arange(0, E_PAD))
+  for c in tl.range(NCHUNK):
     j = (pid * NCHUNK + c) * CHUNK + ii
     in_range = j < num_pairs
     ok = (j < nv) & in_range
-    e = tl.load(keys_ptr + j, mask=ok, other=E_PAD)
-    onehot = e[:, None] == bins[None, :]
-    start = tl.sum(tl.where(onehot, run[None, :], 0), axis=1)
+    e = tl.load(keys_ptr + j, mask=ok, other=0)
+    start = tl.gather(run, e, 0)  # run[e], from registers
     earlier = (e[:, None] == e[None, :]) & (ii[None, :] < ii[:, None])
     rank = tl.sum(earlier.to(tl.int32), axis=1)
     p = tl.where(ok, start + rank, j)
@@ -94,7 +92,7 @@ def scatter_kernel(keys_ptr, tokens_ptr, base_ptr, num_valid_ptr,
     tl.store(reverse_ptr + j, p, mask=in_range)
     tl.store(scatter_ptr + p, j, mask=in_range)
     tl.store(gather_ptr + p, tok, mask=in_range)
-    run += tl.sum(onehot.to(tl.int32), axis=0)
+    run += tl.histogram(e, E_PAD, mask=ok)
 
 
 @triton.jit

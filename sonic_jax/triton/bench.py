@@ -1,0 +1,242 @@
+"""GPU timing of the routing / metadata / combine kernels against XLA (and the Mosaic combine).
+
+  python -m sonic_jax.triton.bench --out DIR
+
+Times with CUPTI (jax.experimental.mosaic.gpu.profiler.measure: sum of kernel times per call),
+after warm-up, median of --iters; random data. Checks each variant against the xla path before
+timing it (metadata bit-exact, combine by relative error). Writes DIR/triton-bench.json and
+prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sonic_jax import routing
+from sonic_jax import triton as tri
+from sonic_jax.routing import RoutingPlan
+
+ROUTING_CONFIGS = [(32768, 128, 8), (32768, 128, 16), (32768, 256, 8), (32768, 256, 16),
+                   (24576, 128, 8)]  # the last: the paper's 7B (n = 256) shape
+COMBINE_CONFIGS = [(24576, 128, 8, 1536), (32768, 256, 16, 4096), (32768, 128, 8, 4096)]
+_FIELDS = ("group_sizes", "group_offsets", "gather_idx", "scatter_idx", "reverse_idx")
+
+
+def _time(fn, args, iters, warmup=3):
+  from jax.experimental.mosaic.gpu import profiler
+  compiled = jax.jit(fn).lower(*args).compile()
+  for _ in range(warmup):
+    jax.block_until_ready(compiled(*args))
+  samples = []
+  while len(samples) < iters:
+    out, t = profiler.measure(compiled, iterations=min(10, iters - len(samples)))(*args)
+    del out
+    samples += list(t) if isinstance(t, list) else [t]
+  return statistics.median(samples), min(samples), max(samples)
+
+
+def _wall_time(fn, args, iters, warmup=1):
+  compiled = jax.jit(fn).lower(*args).compile()
+  jax.block_until_ready(compiled(*args))
+  samples = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    samples.append((time.perf_counter() - t0) * 1e3)
+  return statistics.median(samples), min(samples), max(samples)
+
+
+def _rel(a, b):
+  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+  b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+  if not (np.isfinite(a).all() and np.isfinite(b).all()):
+    return float("inf")
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _record(rows, log, **row):
+  rows.append(row)
+  print(json.dumps(row), file=log, flush=True)
+
+
+def copy_bandwidth(iters):
+  n = (1 << 29) if jax.devices()[0].platform == "gpu" else (1 << 16)
+  x = jax.random.normal(jax.random.key(0), (n,), jnp.float32).astype(jnp.bfloat16)
+  med, lo, hi = _time(lambda a: a * 2, (x,), iters)
+  return 2 * x.nbytes / (med * 1e-3) / 1e12, med
+
+
+def bench_routing(rows, log, iters, impls):
+  for (t, e, k) in ROUTING_CONFIGS:
+    logits = jax.random.normal(jax.random.key(t + e + k), (t, e), jnp.float32)
+    ref_plan = jax.jit(lambda l: routing.route_logits(l, top_k=k))(logits)
+    tokens = jnp.repeat(jnp.arange(t, dtype=jnp.int32), k)
+    experts, scores = ref_plan.expert_ids, ref_plan.scores
+    ref_topk = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+    base = dict(kind="routing", T=t, E=e, K=k)
+    variants = {
+        ("full", "xla"): (lambda l: routing.route_logits(l, top_k=k), (logits,)),
+        ("topk", "xla"): (lambda l: jax.lax.top_k(jax.nn.softmax(l, axis=-1), k), (logits,)),
+        ("meta", "xla"): (lambda a, b, c: RoutingPlan.from_assignments(
+            a, b, c, num_tokens=t, num_experts=e, top_k=k), (tokens, experts, scores)),
+    }
+    try:
+      from sonic_jax.pallas.tiles import make_tiles
+      variants[("tiles", "xla")] = (lambda gs, go: make_tiles(
+          gs, go, block_m=128, align=8, capacity=t * k), (ref_plan.group_sizes,
+                                                          ref_plan.group_offsets))
+    except Exception:  # noqa: BLE001 - the tile helper belongs to the pallas backend
+      pass
+    for impl in impls:
+      variants[("full", impl)] = (
+          lambda l, impl=impl: tri.route_logits(l, top_k=k, impl=impl), (logits,))
+      variants[("full_xla_topk", impl)] = (
+          lambda l, impl=impl: tri.route_logits(l, top_k=k, impl=impl, topk_impl="xla"),
+          (logits,))
+      variants[("topk", impl)] = (
+          lambda l, impl=impl: tri.topk_softmax(l, k, impl=impl), (logits,))
+      for chunk, nw in ((64, 4), (128, 4), (128, 8)):
+          cfg = tri.MetadataConfig(chunk=chunk, num_warps=nw)
+          variants[(f"meta c{chunk} w{nw}", impl)] = (
+              lambda a, b, c, impl=impl, cfg=cfg: tri.plan_from_assignments(
+                  a, b, c, num_tokens=t, num_experts=e, top_k=k, impl=impl, config=cfg),
+              (tokens, experts, scores))
+    for (piece, impl), (fn, args) in variants.items():
+      row = dict(base, piece=piece, impl=impl)
+      try:
+        out = jax.block_until_ready(jax.jit(fn)(*args))
+        if piece.startswith("meta") or piece.startswith("full"):
+          bad = [f for f in _FIELDS if not np.array_equal(np.asarray(getattr(out, f)),
+                                                        np.asarray(getattr(ref_plan, f)))]
+          row["check"] = "exact" if not bad else f"DIFF {bad}"
+          row["scores_rel"] = _rel(out.scores, ref_plan.scores)
+          if piece.startswith("full") and bad:
+            rows_diff = int(np.sum(np.any(np.asarray(out.expert_ids).reshape(t, k) !=
+                                          np.asarray(experts).reshape(t, k), axis=1)))
+            row["check"] += f" (expert rows differing: {rows_diff})"
+        elif piece == "topk":
+          diff = int(np.sum(np.any(np.asarray(out[1]) != np.asarray(ref_topk[1]), axis=1)))
+          row["check"] = f"rows differing {diff}"
+          row["scores_rel"] = _rel(out[0], ref_topk[0])
+        row["ms"], row["ms_min"], row["ms_max"] = _time(fn, args, iters)
+      except Exception as ex:  # noqa: BLE001 - record and go on
+        row["error"] = f"{type(ex).__name__}: {ex}"[:600]
+        traceback.print_exc(file=log)
+      _record(rows, log, **row)
+
+
+def bench_combine(rows, log, iters, impls, copy_tbs):
+  from sonic_jax.xla_backend import XlaKernels
+  for (t, e, k, d) in COMBINE_CONFIGS:
+    logits = jax.random.normal(jax.random.key(7), (t, e), jnp.float32)
+    plan = jax.jit(lambda l: routing.route_logits(l, top_k=k))(logits)
+    y = jax.random.normal(jax.random.key(8), (plan.capacity, d), jnp.float32).astype(
+        jnp.bfloat16)
+    nbytes = (plan.capacity * d + t * d) * 2 + plan.capacity * 8
+    for weighted in (True, False):
+      s = plan.scores if weighted else None
+      ref = jax.jit(lambda y_, p_: XlaKernels().combine(y_, p_, s, jnp.bfloat16))(y, plan)
+      variants = {("xla", ""): lambda y_, p_: XlaKernels().combine(y_, p_, s, jnp.bfloat16)}
+      try:
+        from sonic_jax.pallas import combine as mosaic_combine
+        from sonic_jax.pallas.configs import combine_config
+        variants[("mosaic", "")] = lambda y_, p_: mosaic_combine.combine(
+            y_, p_, s, jnp.bfloat16, config=combine_config(d, impl="mosaic"))
+      except Exception:  # noqa: BLE001 - another team's kernel; optional here
+        pass
+      for impl in impls:
+        sweep = (((1, 1024, 4), (2, 1024, 4), (4, 512, 4), (8, 256, 4), (16, 256, 8))
+                 if weighted else ((None, None, 4),))  # unweighted: the default config
+        for bt, bd, nw in sweep:
+          if bt is None:
+            cfg = tri.CombineConfig()
+            variants[(impl, "default")] = (
+                lambda y_, p_, impl=impl, cfg=cfg: tri.combine(y_, p_, s, jnp.bfloat16,
+                                                               impl=impl, config=cfg))
+            continue
+          if d % bd:
+            bd = 512 if d % 512 == 0 else 256
+          cfg = tri.CombineConfig(block_t=bt, block_d=bd, num_warps=nw)
+          variants[(impl, f"t{bt} d{bd} w{nw}")] = (
+              lambda y_, p_, impl=impl, cfg=cfg: tri.combine(y_, p_, s, jnp.bfloat16,
+                                                             impl=impl, config=cfg))
+      for (impl, cfg), fn in variants.items():
+        row = dict(kind="combine", T=t, E=e, K=k, d=d, weighted=weighted, impl=impl,
+                   config=cfg, bytes=nbytes)
+        try:
+          out = jax.block_until_ready(jax.jit(fn)(y, plan))
+          row["rel_err"] = _rel(out, ref)
+          row["ms"], row["ms_min"], row["ms_max"] = _time(fn, (y, plan), iters)
+          row["TBps"] = nbytes / (row["ms"] * 1e-3) / 1e12
+          row["frac_copy"] = row["TBps"] / copy_tbs
+        except Exception as ex:  # noqa: BLE001
+          row["error"] = f"{type(ex).__name__}: {ex}"[:600]
+          traceback.print_exc(file=log)
+        _record(rows, log, **row)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--iters", type=int, default=30)
+  ap.add_argument("--skip", default="", help="comma list of: routing, combine")
+  ap.add_argument("--cpu-smoke", action="store_true",
+                  help="tiny shapes, xla variants only, wall clock: checks this script")
+  args = ap.parse_args(argv)
+  if args.cpu_smoke:
+    global ROUTING_CONFIGS, COMBINE_CONFIGS, _time
+    ROUTING_CONFIGS, COMBINE_CONFIGS = [(64, 12, 3)], [(64, 12, 3, 64)]
+    _time = _wall_time
+  import os
+  os.makedirs(args.out, exist_ok=True)
+  env = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             device=jax.devices()[0].device_kind, jax=jax.__version__,
+             python=sys.version.split()[0], command=" ".join(sys.argv))
+  try:
+    import triton
+    env["triton"] = triton.__version__
+    import jax_triton
+    env["jax_triton"] = jax_triton.__version__
+  except Exception as ex:  # noqa: BLE001
+    env["jax_triton_error"] = f"{type(ex).__name__}: {ex}"[:400]
+  impls = [] if args.cpu_smoke else [
+      i for i in tri.IMPLS
+      if (tri.jax_triton_unavailable_reason() if i == "jax_triton" else None) is None]
+  env["impls"] = impls
+  rows = []
+  with open(os.path.join(args.out, "triton-bench.log"), "w") as log:
+    print(json.dumps(env), file=log, flush=True)
+    copy_tbs, copy_ms = copy_bandwidth(args.iters)
+    env["copy_TBps"], env["copy_ms_1GiB"] = copy_tbs, copy_ms
+    skip = set(args.skip.split(","))
+    if "routing" not in skip:
+      bench_routing(rows, log, args.iters, impls)
+    if "combine" not in skip:
+      bench_combine(rows, log, args.iters, impls, copy_tbs)
+  with open(os.path.join(args.out, "triton-bench.json"), "w") as f:
+    json.dump(dict(env=env, rows=rows), f, indent=1)
+  print(json.dumps(env))
+  print(f"copy bandwidth (x*2, bf16 1 GiB): {copy_tbs:.2f} TB/s")
+  for r in rows:
+    key = (f"{r['kind'][:4]} T{r['T']} E{r['E']} K{r['K']}" + (f" d{r['d']}" if "d" in r else "")
+           + (" w" if r.get("weighted") else (" u" if "weighted" in r else "")))
+    what = f"{r['impl']}:{r.get('piece', r.get('config', ''))}"
+    if "error" in r:
+      print(f"{key:28s} {what:32s} ERROR {r['error'][:150]}")
+      continue
+    extra = (f"{r['TBps']:.2f}TB/s {100 * r['frac_copy']:.0f}% rel {r['rel_err']:.1e}"
+             if r["kind"] == "combine" else f"{r.get('check', '')} {r.get('scores_rel', '')}")
+    print(f"{key:28s} {what:32s} {r['ms'] * 1e3:9.1f} us  {extra}")
+
+
+if __name__ == "__main__":
+  main()
