@@ -80,6 +80,23 @@ __global__ void swiglu_fwd_kernel(const float4* acc, const int32_t* offsets, int
   }
 }
 
+// One thread per 8 columns of one row: 16-byte loads of the gate and up halves of bf16 H.
+// A from the bf16-rounded H is what the backward recomputes, so forward and backward agree.
+__global__ void swiglu_from_h_kernel(const uint4* h, const int32_t* offsets, int num_groups,
+                                     int n8, uint4* a) {
+  const int64_t total = offsets[num_groups] * int64_t(n8);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / n8, col = i % n8;
+    float g[8], u[8], out[8];
+    unpack8(h[row * 2 * n8 + col], g);
+    unpack8(h[row * 2 * n8 + n8 + col], u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = g[j] * sigmoid(g[j]) * u[j];
+    a[i] = pack8(out);
+  }
+}
+
 // One block per row (grid-stride): elementwise dSwiGLU and a block reduction for dS.
 __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
                                const int32_t* offsets, int num_groups, int n4, uint2* dh,
@@ -170,6 +187,16 @@ cudaError_t swiglu_fwd(const float* acc, const int32_t* group_offsets, int num_g
   ew::swiglu_fwd_kernel<<<ew::grid_for(capacity * n4, ew::kThreads), ew::kThreads, 0, stream>>>(
       reinterpret_cast<const float4*>(acc), group_offsets, num_groups, n4,
       reinterpret_cast<uint2*>(h), reinterpret_cast<uint2*>(a));
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu_from_h(const uint16_t* h, const int32_t* group_offsets, int num_groups,
+                          int64_t capacity, int n, uint16_t* a, cudaStream_t stream) {
+  if (capacity == 0) return cudaSuccess;
+  const int n8 = n / 8;
+  ew::swiglu_from_h_kernel<<<ew::grid_for(capacity * n8, ew::kThreads), ew::kThreads, 0,
+                             stream>>>(reinterpret_cast<const uint4*>(h), group_offsets,
+                                       num_groups, n8, reinterpret_cast<uint4*>(a));
   return cudaGetLastError();
 }
 

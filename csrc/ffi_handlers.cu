@@ -9,24 +9,25 @@ namespace ffi = xla::ffi;
 
 namespace sonic {
 
-size_t grouped_gemm_workspace_bytes(GemmKind kind, int num_groups) {
+size_t grouped_gemm_workspace_bytes(GemmKind kind, int config, int num_groups) {
   switch (kind) {
-    case GemmKind::kVarlenMNNF32: return varlen_m_nn_workspace_bytes(true, num_groups);
-    case GemmKind::kVarlenMNNBf16: return varlen_m_nn_workspace_bytes(false, num_groups);
-    case GemmKind::kVarlenMNTF32: return varlen_m_nt_workspace_bytes(true, num_groups);
-    case GemmKind::kVarlenMNTBf16: return varlen_m_nt_workspace_bytes(false, num_groups);
-    case GemmKind::kVarlenKF32: return varlen_k_workspace_bytes(num_groups);
+    case GemmKind::kVarlenMNNF32: return varlen_m_nn_workspace_bytes(true, config, num_groups);
+    case GemmKind::kVarlenMNNBf16: return varlen_m_nn_workspace_bytes(false, config, num_groups);
+    case GemmKind::kVarlenMNTF32: return varlen_m_nt_f32_workspace_bytes(config, num_groups);
+    case GemmKind::kVarlenMNTBf16: return varlen_m_nt_bf16_workspace_bytes(config, num_groups);
+    case GemmKind::kVarlenKF32: return varlen_k_workspace_bytes(config, num_groups);
     default: return 0;
   }
 }
 
-std::string run_grouped_gemm(GemmKind kind, const GroupedGemmParams& p, cudaStream_t stream) {
+std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams& p,
+                             cudaStream_t stream) {
   switch (kind) {
-    case GemmKind::kVarlenMNNF32: return run_varlen_m_nn(true, p, stream);
-    case GemmKind::kVarlenMNNBf16: return run_varlen_m_nn(false, p, stream);
-    case GemmKind::kVarlenMNTF32: return run_varlen_m_nt(true, p, stream);
-    case GemmKind::kVarlenMNTBf16: return run_varlen_m_nt(false, p, stream);
-    case GemmKind::kVarlenKF32: return run_varlen_k(p, stream);
+    case GemmKind::kVarlenMNNF32: return run_varlen_m_nn(true, config, p, stream);
+    case GemmKind::kVarlenMNNBf16: return run_varlen_m_nn(false, config, p, stream);
+    case GemmKind::kVarlenMNTF32: return run_varlen_m_nt_f32(config, p, stream);
+    case GemmKind::kVarlenMNTBf16: return run_varlen_m_nt_bf16(config, p, stream);
+    case GemmKind::kVarlenKF32: return run_varlen_k(config, p, stream);
     default: return "unknown GEMM kind " + std::to_string(static_cast<int>(kind));
   }
 }
@@ -63,9 +64,10 @@ ffi::Error GatherRowsImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> src,
                                 static_cast<int>(cols), dst->typed_data(), stream));
 }
 
-// kind: GemmKind. varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT], d (P, N).
+// kind: GemmKind, config: GemmConfig. varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT], d (P, N).
 // varlen-K: a (P, M), b (P, N), d (E, M, N). workspace: u8, size from the workspace query.
-ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, ffi::Buffer<ffi::BF16, 2> a,
+ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
+                           ffi::Buffer<ffi::BF16, 2> a,
                            ffi::AnyBuffer b, ffi::Buffer<ffi::S32, 1> offsets,
                            ffi::Result<ffi::AnyBuffer> d,
                            ffi::ResultBuffer<ffi::U8, 1> workspace) {
@@ -105,7 +107,7 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, ffi::Buffer<ffi::B
                        "grouped_gemm varlen-M: bad shapes " + shapes);
         e.failure()) return e;
   }
-  std::string err = run_grouped_gemm(k, p, stream);
+  std::string err = run_grouped_gemm(k, config, p, stream);
   if (!err.empty()) return ffi::Error::Internal("grouped_gemm: " + err);
   return ffi::Error::Success();
 }
@@ -133,6 +135,20 @@ ffi::Error SwigluHAImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
 ffi::Error SwigluAImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
                        ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> a) {
   return SwigluImpl<false>(stream, acc, offsets, a, a);
+}
+
+// h (P, 2n) bf16, group_offsets -> a = silu(gate)·up (P, n) bf16.
+ffi::Error SwigluFromHImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> h,
+                           ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> a) {
+  const int64_t cap = h.dimensions()[0], two_n = h.dimensions()[1];
+  if (auto e = check(two_n % 16 == 0 && a->dimensions()[0] == cap &&
+                         a->dimensions()[1] == two_n / 2,
+                     "swiglu_from_h: need h (P, 2n), a (P, n), n % 8 == 0");
+      e.failure()) return e;
+  return cuda_error("swiglu_from_h",
+                    swiglu_from_h(h.typed_data(), offsets.typed_data(),
+                                  static_cast<int>(offsets.dimensions()[0] - 1), cap,
+                                  static_cast<int>(two_n / 2), a->typed_data(), stream));
 }
 
 // da (P, n) f32, h (P, 2n) bf16, s (P,) f32 -> dh (P, 2n) bf16, a' (P, n) bf16, ds (P,) f32.
@@ -186,9 +202,15 @@ using sonic::handlers::DSwigluImpl;
 using sonic::handlers::GatherRowsImpl;
 using sonic::handlers::GroupedGemmImpl;
 using sonic::handlers::SwigluAImpl;
+using sonic::handlers::SwigluFromHImpl;
 using sonic::handlers::SwigluHAImpl;
 
 using Stream = ffi::PlatformStream<cudaStream_t>;
+// Every handler only enqueues work on the stream (sizes read on the device, no host sync, host
+// set-up depends only on shapes and buffer addresses), so XLA may capture it into a command
+// buffer (CUDA graph) and replay it; verified on the H200 (docs/ffi.md).
+#define SONIC_CMD_BUFFER \
+  { ffi::Traits::kCmdBufferCompatible }
 // Aliases: template arguments with commas cannot go through the handler macro.
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
@@ -202,17 +224,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatherRows, GatherRowsImpl,
                                   .Arg<Bf16Matrix>()
                                   .Arg<S32Vector>()
                                   .Arg<S32Vector>()
-                                  .Ret<Bf16Matrix>());
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGroupedGemm, GroupedGemmImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<Stream>()
                                   .Attr<int32_t>("kind")
+                                  .Attr<int32_t>("config")
                                   .Arg<Bf16Matrix>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<S32Vector>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<U8Vector>());
+                                  .Ret<U8Vector>(),
+                              SONIC_CMD_BUFFER);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluHA, SwigluHAImpl,
                               ffi::Ffi::Bind()
@@ -220,14 +245,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluHA, SwigluHAImpl,
                                   .Arg<F32Matrix>()
                                   .Arg<S32Vector>()
                                   .Ret<Bf16Matrix>()
-                                  .Ret<Bf16Matrix>());
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluA, SwigluAImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<Stream>()
                                   .Arg<F32Matrix>()
                                   .Arg<S32Vector>()
-                                  .Ret<Bf16Matrix>());
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluFromH, SwigluFromHImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicDSwiglu, DSwigluImpl,
                               ffi::Ffi::Bind()
@@ -238,7 +273,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicDSwiglu, DSwigluImpl,
                                   .Arg<S32Vector>()
                                   .Ret<Bf16Matrix>()
                                   .Ret<Bf16Matrix>()
-                                  .Ret<F32Vector>());
+                                  .Ret<F32Vector>(),
+                              SONIC_CMD_BUFFER);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineWeighted, CombineWeightedImpl,
                               ffi::Ffi::Bind()
@@ -247,7 +283,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineWeighted, CombineWeightedImpl,
                                   .Arg<S32Vector>()
                                   .Arg<S32Vector>()
                                   .Arg<F32Vector>()
-                                  .Ret<Bf16Matrix>());
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
                               ffi::Ffi::Bind()
@@ -255,20 +292,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
                                   .Arg<Bf16Matrix>()
                                   .Arg<S32Vector>()
                                   .Arg<S32Vector>()
-                                  .Ret<Bf16Matrix>());
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
 
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 1; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 2; }
 
-// Workspace bytes the SonicGroupedGemm target needs for `kind` and `num_groups` on the current
-// device (CUTLASS sizes its TMA-descriptor workspace by the SM count).
-__attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(int kind,
+// Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
+// current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown
+// kind or config, 0 for a (kind, config) pair that is not instantiated.
+__attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(int kind, int config,
                                                                               int num_groups) {
   if (kind < 0 || kind >= static_cast<int>(sonic::GemmKind::kNumKinds)) return -1;
-  return static_cast<int64_t>(
-      sonic::grouped_gemm_workspace_bytes(static_cast<sonic::GemmKind>(kind), num_groups));
+  if (config < 0 || config >= static_cast<int>(sonic::GemmConfig::kNumConfigs)) return -1;
+  return static_cast<int64_t>(sonic::grouped_gemm_workspace_bytes(
+      static_cast<sonic::GemmKind>(kind), config, num_groups));
 }
 
 }  // extern "C"

@@ -3,15 +3,33 @@
 
 namespace sonic {
 namespace detail {
-using VarlenK = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float,
-                            CooperativeVarlenKConfig>;
+template <class Config>
+using VK = VarlenK<GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float,
+                               Config>>;
 }  // namespace detail
 using namespace detail;
 
-size_t varlen_k_workspace_bytes(int num_groups) { return VarlenK::workspace_bytes(num_groups); }
+template <class Fn>
+static bool dispatch_k(int config, Fn fn) {
+  switch (config) {
+    case 0: fn(VK<Pingpong128x128C2x1>{}); return true;
+    case 3: fn(VK<Cooperative128x256C1x2>{}); return true;
+    default: return false;
+  }
+}
 
-std::string run_varlen_k(const GroupedGemmParams& p, cudaStream_t stream) {
-  return launch_varlen_k<VarlenK>(p, stream);
+size_t varlen_k_workspace_bytes(int config, int num_groups) {
+  size_t bytes = 0;
+  dispatch_k(config, [&](auto g) { bytes = g.workspace_bytes(num_groups); });
+  return bytes;
+}
+
+std::string run_varlen_k(int config, const GroupedGemmParams& p, cudaStream_t stream) {
+  std::string err;
+  if (!dispatch_k(config, [&](auto g) { err = g.run(p, stream); })) {
+    return unsupported_config("varlen-K", config);
+  }
+  return err;
 }
 
 }  // namespace sonic

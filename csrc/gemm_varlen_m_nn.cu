@@ -1,20 +1,44 @@
-// Varlen-M grouped GEMM, B_e (K, N) row-major: up_proj (x·W1) and down_proj (A·W2).
+// Varlen-M grouped GEMM, B_e (K, N) row-major: up_proj (x·W1 -> H) and down_proj (A·W2).
 #include "grouped_gemm.cuh"
 
 namespace sonic {
 namespace detail {
 using RowMajor = cutlass::layout::RowMajor;
-using NNF32 = GroupedGemm<RowMajor, RowMajor, float, PingpongConfig>;
-using NNBf16 = GroupedGemm<RowMajor, RowMajor, cutlass::bfloat16_t, PingpongConfig>;
+using Bf16 = cutlass::bfloat16_t;
+template <class Out, class Config>
+using NN = VarlenM<GroupedGemm<RowMajor, RowMajor, Out, Config>>;
 }  // namespace detail
 using namespace detail;
 
-size_t varlen_m_nn_workspace_bytes(bool f32_out, int num_groups) {
-  return f32_out ? NNF32::workspace_bytes(num_groups) : NNBf16::workspace_bytes(num_groups);
+// fp32 output (version 1's up_proj accumulator): ping-pong only, kept for comparisons.
+template <class Fn>
+static bool dispatch_nn(bool f32_out, int config, Fn fn) {
+  if (f32_out) {
+    if (config == 0) { fn(NN<float, Pingpong128x128C2x1>{}); return true; }
+  } else {
+    switch (config) {
+      case 0: fn(NN<Bf16, Pingpong128x128C2x1>{}); return true;
+      case 1: fn(NN<Bf16, Cooperative128x256C2x1>{}); return true;
+      case 2: fn(NN<Bf16, Cooperative256x128C2x1>{}); return true;
+      default: return false;
+    }
+  }
+  return false;
 }
 
-std::string run_varlen_m_nn(bool f32_out, const GroupedGemmParams& p, cudaStream_t stream) {
-  return f32_out ? launch_varlen_m<NNF32>(p, stream) : launch_varlen_m<NNBf16>(p, stream);
+size_t varlen_m_nn_workspace_bytes(bool f32_out, int config, int num_groups) {
+  size_t bytes = 0;
+  dispatch_nn(f32_out, config, [&](auto g) { bytes = g.workspace_bytes(num_groups); });
+  return bytes;
+}
+
+std::string run_varlen_m_nn(bool f32_out, int config, const GroupedGemmParams& p,
+                            cudaStream_t stream) {
+  std::string err;
+  if (!dispatch_nn(f32_out, config, [&](auto g) { err = g.run(p, stream); })) {
+    return unsupported_config("varlen-M NN", config);
+  }
+  return err;
 }
 
 }  // namespace sonic

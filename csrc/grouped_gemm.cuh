@@ -18,15 +18,33 @@
 
 namespace sonic {
 
-// Tile configurations (a per-shape table picks among these; see docs/ffi.md).
-struct PingpongConfig {
+// Tile configurations, indexed by sonic::GemmConfig (sonic_ffi.h); the Python side picks one per
+// shape from a table measured on the H200 (sonic_jax/ffi/schedules.py).
+// Ping-pong: two consumer warpgroups on alternate tiles, so one's epilogue hides under the
+// other's mainloop (good for fp32 outputs). Cooperative: both warpgroups split one larger tile.
+// A cluster of 2 along M multicasts the B (weight) tile; 2 along N multicasts the A tile.
+struct Pingpong128x128C2x1 {
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
-struct CooperativeVarlenKConfig {
+struct Cooperative128x256C2x1 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+struct Cooperative256x128C2x1 {
+  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+struct Cooperative128x256C1x2 {
   using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
@@ -226,6 +244,28 @@ std::string launch_varlen_k(const GroupedGemmParams& p, cudaStream_t stream) {
         static_cast<const typename G::ElementAB*>(p.a),
         static_cast<const typename G::ElementAB*>(p.b), static_cast<typename G::Out*>(p.d));
   });
+}
+
+// Workspace bytes / launch of one (GemmKind, GemmConfig) instantiation; the TUs list theirs.
+template <class G>
+struct VarlenM {
+  static size_t workspace_bytes(int e) { return G::workspace_bytes(e); }
+  static std::string run(const GroupedGemmParams& p, cudaStream_t s) {
+    return launch_varlen_m<G>(p, s);
+  }
+};
+
+template <class G>
+struct VarlenK {
+  static size_t workspace_bytes(int e) { return G::workspace_bytes(e); }
+  static std::string run(const GroupedGemmParams& p, cudaStream_t s) {
+    return launch_varlen_k<G>(p, s);
+  }
+};
+
+inline std::string unsupported_config(const char* family, int config) {
+  return std::string(family) + ": GEMM config " + std::to_string(config) +
+         " is not instantiated for this kind (see csrc/sonic_ffi.h)";
 }
 
 }  // namespace sonic

@@ -20,6 +20,17 @@ enum class GemmKind : int {
   kNumKinds = 5,
 };
 
+// Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
+// config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K has 0
+// and 3. The workspace query returns 0 for a pair that is not instantiated.
+enum class GemmConfig : int {
+  kPingpong128x128C2x1 = 0,
+  kCooperative128x256C2x1 = 1,
+  kCooperative256x128C2x1 = 2,
+  kCooperative128x256C1x2 = 3,
+  kNumConfigs = 4,
+};
+
 // Operands of one grouped GEMM; all pointers are device pointers.
 // Group e owns rows [group_offsets[e], group_offsets[e+1]) of the row-indexed operands;
 // group_offsets is read on the device only.
@@ -36,19 +47,26 @@ struct GroupedGemmParams {
   size_t workspace_bytes;
 };
 
-// Bytes of workspace `run_grouped_gemm` needs for `num_groups` groups on the current device.
-size_t grouped_gemm_workspace_bytes(GemmKind kind, int num_groups);
+// Bytes of workspace `run_grouped_gemm` needs for `num_groups` groups on the current device,
+// or 0 when (kind, config) is not instantiated.
+size_t grouped_gemm_workspace_bytes(GemmKind kind, int config, int num_groups);
 
 // Launches the grouped GEMM on `stream`; returns an empty string or an error message.
-std::string run_grouped_gemm(GemmKind kind, const GroupedGemmParams& p, cudaStream_t stream);
+// Host work is only argument set-up (no sync, no data-dependent branches), so the launch can be
+// captured into a CUDA graph (XLA command buffers).
+std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams& p,
+                             cudaStream_t stream);
 
 // Per-TU entry points (one translation unit per GEMM family so they build in parallel).
-size_t varlen_m_nn_workspace_bytes(bool f32_out, int num_groups);
-std::string run_varlen_m_nn(bool f32_out, const GroupedGemmParams& p, cudaStream_t stream);
-size_t varlen_m_nt_workspace_bytes(bool f32_out, int num_groups);
-std::string run_varlen_m_nt(bool f32_out, const GroupedGemmParams& p, cudaStream_t stream);
-size_t varlen_k_workspace_bytes(int num_groups);
-std::string run_varlen_k(const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_m_nn_workspace_bytes(bool f32_out, int config, int num_groups);
+std::string run_varlen_m_nn(bool f32_out, int config, const GroupedGemmParams& p,
+                            cudaStream_t stream);
+size_t varlen_m_nt_f32_workspace_bytes(int config, int num_groups);
+std::string run_varlen_m_nt_f32(int config, const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_m_nt_bf16_workspace_bytes(int config, int num_groups);
+std::string run_varlen_m_nt_bf16(int config, const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_k_workspace_bytes(int config, int num_groups);
+std::string run_varlen_k(int config, const GroupedGemmParams& p, cudaStream_t stream);
 
 // ---- Memory-bound kernels (elementwise.cu). bf16 is passed as raw 16-bit storage. ----
 
@@ -61,6 +79,10 @@ cudaError_t gather_rows(const uint16_t* src, const int32_t* idx, const int32_t* 
 // a = bf16(silu(acc[:, :n]) * acc[:, n:]), rows p < group_offsets[E].
 cudaError_t swiglu_fwd(const float* acc, const int32_t* group_offsets, int num_groups,
                        int64_t capacity, int n, uint16_t* h, uint16_t* a, cudaStream_t stream);
+
+// a = bf16(silu(h[:, :n]) * h[:, n:]) from bf16 h (P, 2n), rows p < group_offsets[E]; n % 8 == 0.
+cudaError_t swiglu_from_h(const uint16_t* h, const int32_t* group_offsets, int num_groups,
+                          int64_t capacity, int n, uint16_t* a, cudaStream_t stream);
 
 // dSwiGLU / dS / A' epilogue: from da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32:
 // a = silu(g)·u (fp32 from bf16 h), ds = <da, a>, dh = s·dSwiGLU(da), a_prime = s·a.

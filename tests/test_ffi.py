@@ -1,8 +1,10 @@
 """Tests of the ``ffi`` backend (CUTLASS / CUDA kernels through the XLA FFI).
 
 CPU: availability reporting, the BackendUnavailableError path, argument validation, and that the
-Python side agrees with csrc/ (GEMM kinds, handler symbols, CMake switch). GPU (@pytest.mark.gpu):
-every entry point against XlaKernels on several routings, and the whole layer forward+backward.
+Python side agrees with csrc/ (GEMM kinds and tile schedules, handler symbols and their
+command-buffer trait, CMake switch). GPU (@pytest.mark.gpu): every entry point against XlaKernels
+on several routings, every compiled tile schedule, the bf16-H SwiGLU error, and the whole layer
+forward+backward, also inside XLA command buffers (CUDA graphs).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import pytest
 
 import sonic_jax
 from sonic_jax import ffi
-from sonic_jax.ffi import _lib
+from sonic_jax.ffi import _lib, ops, schedules
 from sonic_jax.ffi.backend import FfiKernels
 from sonic_jax.ffi.ops import GemmKind
+from sonic_jax.ffi.schedules import GemmConfig
 from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits
 from sonic_jax.xla_backend import XlaKernels
 
@@ -121,6 +124,52 @@ def test_gemm_kinds_match_the_header():
           "VarlenMNTF32": GemmKind.VARLEN_M_NT_F32, "VarlenMNTBf16": GemmKind.VARLEN_M_NT_BF16,
           "VarlenKF32": GemmKind.VARLEN_K_F32}
   assert {k: int(v) for k, v in enum.items()} == {k: int(v) for k, v in want.items()}
+
+
+def test_gemm_configs_match_the_header_and_the_instantiations():
+  text = (CSRC / "sonic_ffi.h").read_text()
+  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative)\w+) = (\d+)", text))
+  assert {k: int(v) for k, v in enum.items()} == {
+      "Pingpong128x128C2x1": GemmConfig.PINGPONG_128x128_C2x1,
+      "Cooperative128x256C2x1": GemmConfig.COOPERATIVE_128x256_C2x1,
+      "Cooperative256x128C2x1": GemmConfig.COOPERATIVE_256x128_C2x1,
+      "Cooperative128x256C1x2": GemmConfig.COOPERATIVE_128x256_C1x2}
+  # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
+  names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
+  def cases(path, start=None):
+    body = (CSRC / path).read_text()
+    if start is not None:
+      body = body[body.index(start):]
+    return re.findall(r"case (\d): fn\(\w+<(?:Bf16, )?(\w+)>", body)
+  for path, kinds in (("gemm_varlen_m_nn.cu", [GemmKind.VARLEN_M_NN_BF16]),
+                      ("gemm_varlen_m_nt_f32.cu", [GemmKind.VARLEN_M_NT_F32]),
+                      ("gemm_varlen_m_nt_bf16.cu", [GemmKind.VARLEN_M_NT_BF16]),
+                      ("gemm_varlen_k.cu", [GemmKind.VARLEN_K_F32])):
+    got = [(int(i), name) for i, name in cases(path)]
+    for kind in kinds:
+      want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
+      assert got == want, (path, got, want)
+  # Every default and measured pick is instantiated.
+  for kind, cfg in schedules.DEFAULT.items():
+    assert cfg in schedules.INSTANTIATED[kind]
+  for (kind, _, _), cfg in schedules.MEASURED.items():
+    assert cfg in schedules.INSTANTIATED[kind]
+
+
+def test_schedule_check_rejects_configs_that_are_not_built():
+  with pytest.raises(ValueError, match="config must be one of .* for VARLEN_K_F32, got 1"):
+    schedules.check(GemmKind.VARLEN_K_F32, 1)
+  assert schedules.check(GemmKind.VARLEN_M_NT_F32, 2) == GemmConfig.COOPERATIVE_256x128_C2x1
+
+
+def test_handlers_are_marked_command_buffer_compatible():
+  text = (CSRC / "ffi_handlers.cu").read_text()
+  blocks = re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((\w+),[^;]*;", text)
+  for sym in _lib.TARGETS.values():
+    block = re.search(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\(" + sym + r",[^;]*;", text).group(0)
+    assert "SONIC_CMD_BUFFER" in block, sym
+  assert len(blocks) == len(_lib.TARGETS)
+  assert "ffi::Traits::kCmdBufferCompatible" in text
 
 
 def test_registered_symbols_exist_in_the_handlers():
@@ -280,3 +329,116 @@ def test_layer_forward_backward_matches_xla(routing):
 def test_library_reports_available_on_hopper():
   assert ffi.unavailable_reason() is None
   assert sonic_jax.resolve_backend("ffi").name == "ffi"
+
+
+_KIND_CONFIGS = [(kind, cfg) for kind, cfgs in schedules.INSTANTIATED.items() for cfg in cfgs]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, config", _KIND_CONFIGS,
+                         ids=[f"{k.name}-{c.name}" for k, c in _KIND_CONFIGS])
+def test_every_gemm_schedule_matches_xla(kind, config, data):
+  """Each compiled tile schedule against ragged_dot, on routings with empty / uneven groups."""
+  for routing in ("topk", "empty_experts", "one_expert"):
+    plan = _plans(T, E)[routing]
+    p, offs = plan.capacity, plan.group_offsets
+    xg, dog = data["x"][plan.gather_idx], data["dout"][plan.gather_idx]
+    f32 = jnp.float32
+    ragged = lambda l, r: jax.lax.ragged_dot(l, r, plan.group_sizes, preferred_element_type=f32)
+    if kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NN_BF16):
+      args, want = (xg, data["w1"]), ragged(xg, data["w1"])
+    elif kind in (GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_M_NT_BF16):
+      args, want = (dog, data["w2"]), ragged(dog, jnp.swapaxes(data["w2"], 1, 2))
+    else:
+      args, want = (data["a"][:p], dog), XlaKernels().dw2(data["dout"], data["a"][:p], plan)
+    got = jax.jit(lambda l, r, o: ops.grouped_gemm(l, r, o, kind, config=config))(*args, offs)
+    tol = F32_TOL if got.dtype == jnp.float32 else BF16_TOL
+    rows = None if kind == GemmKind.VARLEN_K_F32 else _rows(plan)
+    assert _rel(got, want, rows) < tol, routing
+
+
+@pytest.mark.gpu
+def test_up_proj_a_from_bf16_h_stays_at_bf16_rounding(data):
+  """A is computed from the bf16 H (as the backward recomputes it), not from fp32: the error
+  against an fp32 SwiGLU of the fp32 accumulator stays at bf16 rounding level."""
+  plan = _plans(T, E)["topk"]
+  rows = _rows(plan)
+  h, a = jax.jit(FfiKernels().up_proj)(data["x"], data["w1"], plan)
+  acc = jax.lax.ragged_dot(data["x"][plan.gather_idx], data["w1"], plan.group_sizes,
+                           preferred_element_type=jnp.float32)
+  n = acc.shape[1] // 2
+  a32 = jax.nn.silu(acc[:, :n]) * acc[:, n:]
+  assert _rel(h, acc, rows) < 4e-3        # one bf16 rounding (2^-9 relative, rms ~ 1.6e-3)
+  assert _rel(a, a32, rows) < 6e-3        # inputs and output rounded: a few roundings
+  h32 = jnp.asarray(h, jnp.float32)
+  a_from_h = jax.nn.silu(h32[:, :n]) * h32[:, n:]
+  assert _rel(a, a_from_h, rows) < 4e-3   # exactly silu(g)·u of the returned H, then rounded
+
+
+_CMD_BUFFER_CHILD = r"""
+import json, os, re, sys
+import jax, jax.numpy as jnp, numpy as np
+import sonic_jax
+t, d, n, e, k = 512, 256, 128, 6, 2
+ks = jax.random.split(jax.random.key(5), 6)
+w1 = (jax.random.normal(ks[0], (e, d, 2 * n)) / np.sqrt(d)).astype(jnp.bfloat16)
+w2 = (jax.random.normal(ks[1], (e, n, d)) / np.sqrt(n)).astype(jnp.bfloat16)
+cot = jax.random.normal(ks[2], (t, d), jnp.bfloat16).astype(jnp.float32)
+def loss(backend, x, r, w1, w2):
+  out = sonic_jax.moe(x, r, w1, w2, top_k=k, backend=backend)
+  return jnp.sum(out.astype(jnp.float32) * cot), out
+fs = {b: jax.jit(jax.value_and_grad(lambda *a, b=b: loss(b, *a), argnums=(0, 1, 2, 3),
+                                    has_aux=True)) for b in ("ffi", "xla")}
+def inputs(seed, skew):
+  kx, kr = jax.random.split(jax.random.key(seed))
+  r = (jax.random.normal(kr, (d, e)) / np.sqrt(d)).astype(jnp.bfloat16)
+  r = r.at[:, 0].add(skew)  # skew moves tokens between experts: new group offsets, same shapes
+  return jax.random.normal(kx, (t, d), jnp.bfloat16), r
+hlo = fs["ffi"].lower(*inputs(0, 0.0), w1, w2).compile().as_text()
+comps, name = {}, None
+for line in hlo.splitlines():
+  m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+  if m: name = m.group(1); comps[name] = []
+  elif name is not None: comps[name].append(line)
+in_cb = sorted({t for c, lines in comps.items() if "command_buffer" in c for l in lines
+                for t in re.findall(r'custom_call_target="(sonic_jax_\w+)"', l)})
+def rel(a, b):
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  assert np.all(np.isfinite(a)) and np.all(np.isfinite(b))
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+errs = []
+for seed, skew in ((0, 0.0), (1, 0.5), (0, 0.0), (2, 2.0)):  # replays with new routing data
+  x, r = inputs(seed, skew)
+  (_, out), g = fs["ffi"](x, r, w1, w2)
+  (_, out_r), g_r = fs["xla"](x, r, w1, w2)
+  errs.append([rel(out, out_r)] + [rel(a, b) for a, b in zip(g, g_r)])
+if os.environ.get("SONIC_CMD_BUFFER_HLO"):
+  open(os.environ["SONIC_CMD_BUFFER_HLO"], "w").write(hlo)
+print("RESULT " + json.dumps(dict(in_command_buffer=in_cb, errs=errs,
+                                  n_command_buffers=sum("command_buffer" in c for c in comps))))
+"""
+
+
+@pytest.mark.gpu
+def test_layer_runs_inside_xla_command_buffers():
+  """With custom calls allowed in command buffers, XLA captures the FFI kernels into CUDA graphs
+  (they are in a command_buffer computation of the compiled HLO) and replays with new routing
+  data (new group offsets at the same addresses) still match the xla backend."""
+  import json
+  import os
+  import sys
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,"
+                      "CUBLAS,CUBLASLT,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1").strip()
+  root = pathlib.Path(__file__).resolve().parent.parent
+  env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
+  proc = subprocess.run([sys.executable, "-c", _CMD_BUFFER_CHILD], capture_output=True,
+                        text=True, timeout=600, env=env)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  res = json.loads(line[len("RESULT "):])
+  assert res["n_command_buffers"] > 0
+  assert {"sonic_jax_grouped_gemm", "sonic_jax_gather_rows",
+          "sonic_jax_swiglu_from_h", "sonic_jax_dswiglu"} <= set(res["in_command_buffer"]), res
+  for errs in res["errs"]:
+    assert errs[0] < BF16_TOL and max(errs[1:]) < 2 * BF16_TOL, res["errs"]

@@ -16,11 +16,12 @@ TARGETS = {
     "sonic_jax_grouped_gemm": "SonicGroupedGemm",
     "sonic_jax_swiglu_ha": "SonicSwigluHA",
     "sonic_jax_swiglu_a": "SonicSwigluA",
+    "sonic_jax_swiglu_from_h": "SonicSwigluFromH",
     "sonic_jax_dswiglu": "SonicDSwiglu",
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 def _search_dirs() -> list[pathlib.Path]:
@@ -63,7 +64,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     return None, (f"the CUDA library {path} has ABI version {version}, this package needs "
                   f"{ABI_VERSION}; rebuild it with `python -m sonic_jax.ffi.build`")
   lib.sonic_jax_gemm_workspace_bytes.restype = ctypes.c_int64
-  lib.sonic_jax_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+  lib.sonic_jax_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
   return lib, None
 
 
@@ -85,8 +86,10 @@ def library() -> ctypes.CDLL:
 
 
 @functools.cache
-def gemm_workspace_bytes(kind: int, num_groups: int) -> int:
-  n = library().sonic_jax_gemm_workspace_bytes(kind, num_groups)
-  if n < 0:
-    raise ValueError(f"unknown GEMM kind {kind}")
+def gemm_workspace_bytes(kind: int, config: int, num_groups: int) -> int:
+  """Workspace of one grouped GEMM; ValueError for a (kind, config) the library lacks."""
+  n = library().sonic_jax_gemm_workspace_bytes(kind, config, num_groups)
+  if n <= 0:
+    raise ValueError(f"GEMM kind {kind} has no config {config} in {find_library()} "
+                     f"(see csrc/sonic_ffi.h)")
   return int(n)

@@ -1,12 +1,14 @@
 """FfiKernels: the kernel contract on CUTLASS grouped GEMMs and CUDA kernels (XLA FFI).
 
-Version 1 composition (each step one FFI call, all device-side, no host sync):
-  up_proj   gather x rows -> varlen-M GEMM (fp32 acc) -> SwiGLU kernel (H, A)
+Composition (each step one FFI call, all device-side, no host sync, CUDA-graph capturable):
+  up_proj   gather x rows -> varlen-M GEMM writing bf16 H -> SwiGLU kernel (A from bf16 H)
   down_proj varlen-M GEMM A·W2 (bf16 out)
   dh        gather dO rows -> varlen-M GEMM dO·W2ᵀ (fp32) -> dSwiGLU/dS/A' kernel
   dw2, dw1  gather rows -> varlen-K GEMM (fp32 out; empty experts give zeros)
   dx_pairs  varlen-M GEMM dH·W1ᵀ (bf16 out)
   combine   one kernel, 16-byte loads, fp32 accumulation (weighted or not)
+A comes from the bf16-rounded H, as the backward recomputes it (session 1 wrote an fp32
+accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax.ffi.schedules.
 The gathers and epilogues are separate kernels; fusing them into the GEMM is future work.
 """
 
@@ -47,8 +49,9 @@ class FfiKernels(ExpertKernels):
   def up_proj(self, x, w1, plan, *, inference=False):
     offs = plan.group_offsets
     xg = ops.gather_rows(x, plan.gather_idx, offs)
-    acc = ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_F32)
-    return ops.swiglu(acc, offs, write_h=not inference)
+    h = ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_BF16)
+    a = ops.swiglu_from_h(h, offs)
+    return (None if inference else h), a
 
   def down_proj(self, a, w2, plan):
     return ops.grouped_gemm(a, w2, plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)

@@ -7,24 +7,14 @@ bf16 operands, fp32 accumulation. Shape rules are checked by FfiKernels.validate
 
 from __future__ import annotations
 
-import enum
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sonic_jax.ffi import _lib
+from sonic_jax.ffi import _lib, schedules
+from sonic_jax.ffi.schedules import GemmConfig, GemmKind
 
 _BF16, _F32 = jnp.bfloat16, jnp.float32
-
-
-class GemmKind(enum.IntEnum):
-  """Matches sonic::GemmKind in csrc/sonic_ffi.h."""
-  VARLEN_M_NN_F32 = 0   # D[rows_e] = A[rows_e] · B_e, B_e (K, N)
-  VARLEN_M_NN_BF16 = 1
-  VARLEN_M_NT_F32 = 2   # D[rows_e] = A[rows_e] · B_eᵀ, B_e (N, K)
-  VARLEN_M_NT_BF16 = 3
-  VARLEN_K_F32 = 4      # D_e = A[rows_e]ᵀ · B[rows_e]
 
 
 def _call(name, result_shapes, *args, **attrs):
@@ -39,9 +29,9 @@ def gather_rows(src: jax.Array, idx: jax.Array, group_offsets: jax.Array) -> jax
                group_offsets.astype(jnp.int32))
 
 
-def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: GemmKind
-                 ) -> jax.Array:
-  """Grouped GEMM of kind ``kind``.
+def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: GemmKind,
+                 config: GemmConfig | int | None = None) -> jax.Array:
+  """Grouped GEMM of kind ``kind`` with tile schedule ``config`` (None: schedules.pick).
 
   varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT] -> (P, N).
   varlen-K: a (P, M), b (P, N) -> (E, M, N) fp32.
@@ -50,17 +40,24 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
   num_groups = group_offsets.shape[0] - 1
   if kind == GemmKind.VARLEN_K_F32:
     out_shape = (num_groups, a.shape[1], b.shape[1])
+    dims = out_shape[1:]
   elif kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NN_BF16):
     out_shape = (a.shape[0], b.shape[2])
+    dims = (b.shape[2], a.shape[1])
   else:
     out_shape = (a.shape[0], b.shape[1])
+    dims = (b.shape[1], a.shape[1])
+  if config is None:
+    config = schedules.pick(kind, *dims)
+  config = schedules.check(kind, config)
   out_dtype = _F32 if kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NT_F32,
                                GemmKind.VARLEN_K_F32) else _BF16
-  ws = _lib.gemm_workspace_bytes(int(kind), num_groups)
+  ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
   out, _ = _call("sonic_jax_grouped_gemm",
                  (jax.ShapeDtypeStruct(out_shape, out_dtype),
                   jax.ShapeDtypeStruct((ws,), jnp.uint8)),
-                 a, b, group_offsets.astype(jnp.int32), kind=np.int32(int(kind)))
+                 a, b, group_offsets.astype(jnp.int32), kind=np.int32(int(kind)),
+                 config=np.int32(int(config)))
   return out
 
 
@@ -75,6 +72,13 @@ def swiglu(acc: jax.Array, group_offsets: jax.Array, *, write_h: bool = True
                  acc, offs)
     return h, a
   return None, _call("sonic_jax_swiglu_a", a_shape, acc, offs)
+
+
+def swiglu_from_h(h: jax.Array, group_offsets: jax.Array) -> jax.Array:
+  """h (P, 2n) bf16 -> A = silu(gate)·up (P, n) bf16, computed in fp32 from the bf16 H."""
+  p, two_n = h.shape
+  return _call("sonic_jax_swiglu_from_h", jax.ShapeDtypeStruct((p, two_n // 2), _BF16), h,
+               group_offsets.astype(jnp.int32))
 
 
 def dswiglu(da: jax.Array, h: jax.Array, s: jax.Array, group_offsets: jax.Array

@@ -1,0 +1,71 @@
+"""Which CUTLASS tile schedule each grouped GEMM of the ffi backend runs (per kind and shape).
+
+The configs are compiled into libsonic_jax_cuda.so (csrc/grouped_gemm.cuh); ``GemmConfig``
+mirrors sonic::GemmConfig in csrc/sonic_ffi.h. ``pick`` returns the measured best config for a
+(kind, N, K) shape when the H200 sweep covered it (benchmarks/ffi_gemms.py --sweep, results in
+benchmarks/results/ffi-h200-2026-12-02-s2.md), else the kind's default (its best over the sweep).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+
+class GemmKind(enum.IntEnum):
+  """Matches sonic::GemmKind in csrc/sonic_ffi.h."""
+  VARLEN_M_NN_F32 = 0   # D[rows_e] = A[rows_e] · B_e, B_e (K, N)
+  VARLEN_M_NN_BF16 = 1
+  VARLEN_M_NT_F32 = 2   # D[rows_e] = A[rows_e] · B_eᵀ, B_e (N, K)
+  VARLEN_M_NT_BF16 = 3
+  VARLEN_K_F32 = 4      # D_e = A[rows_e]ᵀ · B[rows_e]
+
+
+class GemmConfig(enum.IntEnum):
+  """Matches sonic::GemmConfig in csrc/sonic_ffi.h."""
+  PINGPONG_128x128_C2x1 = 0
+  COOPERATIVE_128x256_C2x1 = 1
+  COOPERATIVE_256x128_C2x1 = 2
+  COOPERATIVE_128x256_C1x2 = 3
+
+
+_M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
+              GemmConfig.COOPERATIVE_256x128_C2x1)
+
+# The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
+INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
+    GemmKind.VARLEN_M_NN_F32: (GemmConfig.PINGPONG_128x128_C2x1,),
+    GemmKind.VARLEN_M_NN_BF16: _M_CONFIGS,
+    GemmKind.VARLEN_M_NT_F32: _M_CONFIGS,
+    GemmKind.VARLEN_M_NT_BF16: _M_CONFIGS,
+    GemmKind.VARLEN_K_F32: (GemmConfig.PINGPONG_128x128_C2x1,
+                            GemmConfig.COOPERATIVE_128x256_C1x2),
+}
+
+# Default per kind.
+DEFAULT: dict[GemmKind, GemmConfig] = {
+    GemmKind.VARLEN_M_NN_F32: GemmConfig.PINGPONG_128x128_C2x1,
+    GemmKind.VARLEN_M_NN_BF16: GemmConfig.PINGPONG_128x128_C2x1,
+    GemmKind.VARLEN_M_NT_F32: GemmConfig.PINGPONG_128x128_C2x1,
+    GemmKind.VARLEN_M_NT_BF16: GemmConfig.PINGPONG_128x128_C2x1,
+    GemmKind.VARLEN_K_F32: GemmConfig.COOPERATIVE_128x256_C1x2,
+}
+
+# (kind, dim0, dim1) -> config, from the H200 sweep. varlen-M: (N, K) = output columns and
+# reduction size; varlen-K: (M, N), the shape of each D_e.
+MEASURED: dict[tuple[GemmKind, int, int], GemmConfig] = {}
+
+
+def pick(kind: GemmKind, dim0: int, dim1: int) -> GemmConfig:
+  """Tile schedule for ``kind``: varlen-M (dim0, dim1) = (N, K), varlen-K = (M, N) of D_e."""
+  kind = GemmKind(kind)
+  return MEASURED.get((kind, dim0, dim1), DEFAULT[kind])
+
+
+def check(kind: GemmKind, config: int) -> GemmConfig:
+  """``config`` as a GemmConfig; ValueError naming the kind when it is not instantiated."""
+  kind = GemmKind(kind)
+  if config not in [int(c) for c in INSTANTIATED[kind]]:
+    raise ValueError(f"config must be one of {[c.name for c in INSTANTIATED[kind]]} for "
+                     f"{kind.name}, got {config}")
+  return GemmConfig(config)

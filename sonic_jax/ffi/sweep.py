@@ -1,0 +1,169 @@
+"""Tile-schedule sweep of the ffi backend's grouped GEMMs and the layer timing it leads to (GPU).
+
+  python -m sonic_jax.ffi.sweep [--configs T,d,n,E,K ...] [--iters 10] [--json out.json]
+
+For each (T, d, n, E, K): top-K routing from random logits and random bf16 data; every grouped
+GEMM of the layer (inputs gathered beforehand) under every tile schedule instantiated for its
+kind (sonic_jax.ffi.schedules.INSTANTIATED), each checked against the first schedule's result,
+next to an XLA dense matmul of the same total shape; the up_proj entry point as session 1 built
+it (fp32 accumulator + SwiGLU kernel) and as now (bf16 H from the GEMM); then the layer forward
+and forward+backward (``sonic_jax.moe(..., backend="ffi")``) with the default schedules and with
+the fastest schedule of each GEMM. Prints the ``MEASURED`` entries for schedules.py.
+GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure), median of --iters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sonic_jax
+from sonic_jax.ffi import ops, schedules
+from sonic_jax.ffi.schedules import GemmKind
+from sonic_jax.routing import route_logits
+
+
+def gpu_ms(f, *args, iters: int) -> float:
+  """Median CUPTI kernel time of f(*args) in ms, after a compile + warm-up call."""
+  from jax.experimental.mosaic.gpu import profiler
+  jax.block_until_ready(f(*args))
+  _, times = profiler.measure(f, iterations=iters)(*args)
+  return float(statistics.median(times))
+
+
+def _rel(a, b) -> float:
+  a = np.asarray(jnp.asarray(a, jnp.float32))
+  b = np.asarray(jnp.asarray(b, jnp.float32))
+  if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+    return float("nan")
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run_config(t, d, n, e, k, iters):
+  ks = jax.random.split(jax.random.key(0), 8)
+  plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
+  rows = int(plan.group_offsets[-1])
+  bf, f32 = jnp.bfloat16, jnp.float32
+  x = jax.random.normal(ks[1], (t, d), bf)
+  w1 = (jax.random.normal(ks[2], (e, d, 2 * n)) / np.sqrt(d)).astype(bf)
+  w2 = (jax.random.normal(ks[3], (e, n, d)) / np.sqrt(n)).astype(bf)
+  dout = jax.random.normal(ks[4], (t, d), bf)
+  offs = plan.group_offsets
+  xg, dog = x[plan.gather_idx], dout[plan.gather_idx]
+  a = jax.random.normal(ks[5], (plan.capacity, n), bf)
+  dh = jax.random.normal(ks[6], (plan.capacity, 2 * n), bf)
+
+  def dense(lhs_t, out_dtype):
+    if lhs_t:  # (P, M)ᵀ · (P, N)
+      return jax.jit(lambda l, r: jax.lax.dot_general(
+          l, r, (((0,), (0,)), ((), ())), preferred_element_type=out_dtype))
+    return jax.jit(lambda l, r: jnp.dot(l, r, preferred_element_type=out_dtype))
+
+  # name, kind, args, schedule dims (see schedules.pick), dense fn + args, flops
+  cases = [
+      ("up_proj x·W1 (bf16 H)", GemmKind.VARLEN_M_NN_BF16, (xg, w1), (2 * n, d),
+       dense(False, bf), (xg[:rows], w1[0]), 2 * rows * d * 2 * n),
+      ("down_proj A·W2", GemmKind.VARLEN_M_NN_BF16, (a, w2), (d, n),
+       dense(False, bf), (a[:rows], w2[0]), 2 * rows * n * d),
+      ("dh dO·W2ᵀ (fp32)", GemmKind.VARLEN_M_NT_F32, (dog, w2), (n, d),
+       dense(False, f32), (dog[:rows], w2[0].T), 2 * rows * d * n),
+      ("dx_pairs dH·W1ᵀ", GemmKind.VARLEN_M_NT_BF16, (dh, w1), (d, 2 * n),
+       dense(False, bf), (dh[:rows], w1[0].T), 2 * rows * 2 * n * d),
+      ("dw1 Xgᵀ·dH", GemmKind.VARLEN_K_F32, (xg, dh), (d, 2 * n),
+       dense(True, f32), (xg[:rows], dh[:rows]), 2 * rows * d * 2 * n),
+      ("dw2 A'ᵀ·dOg", GemmKind.VARLEN_K_F32, (a, dog), (n, d),
+       dense(True, f32), (a[:rows], dog[:rows]), 2 * rows * n * d),
+  ]
+  out, best = [], {}
+  valid = np.arange(plan.capacity) < rows
+  for name, kind, args, dims, fd, dargs, flops in cases:
+    ms_d = gpu_ms(fd, *dargs, iters=iters)
+    ref = None
+    timings = {}
+    for cfg in schedules.INSTANTIATED[kind]:
+      f = jax.jit(lambda l, r, o, c=int(cfg), kd=kind: ops.grouped_gemm(l, r, o, kd, config=c))
+      res = f(*args, offs)
+      if kind != GemmKind.VARLEN_K_F32:
+        res = res[valid]
+      err = 0.0 if ref is None else _rel(res, ref)
+      ref = res if ref is None else ref
+      ms = gpu_ms(f, *args, offs, iters=iters)
+      timings[cfg] = ms
+      out.append(dict(kind="gemm", name=name, config=cfg.name, ffi_ms=ms, dense_ms=ms_d,
+                      ffi_tflops=flops / ms / 1e9, dense_tflops=flops / ms_d / 1e9,
+                      ratio=ms_d / ms, rel_err_vs_first=err))
+      print(f"  {name:22s} {cfg.name:26s} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s | dense "
+            f"{ms_d:7.3f} ms {flops / ms_d / 1e9:5.0f} TF/s | x{ms_d / ms:.2f} | err {err:.1e}",
+            flush=True)
+      if not err < 1e-2:
+        print(f"  !! {name} {cfg.name} disagrees with the first schedule (rel err {err})")
+        timings.pop(cfg)
+    best[(kind, *dims)] = min(timings, key=timings.get)
+
+  # up_proj entry point: session 1 (fp32 accumulator, SwiGLU kernel reading it) vs now.
+  def up_v1(x, w1, plan):
+    acc = ops.grouped_gemm(ops.gather_rows(x, plan.gather_idx, plan.group_offsets), w1,
+                           plan.group_offsets, GemmKind.VARLEN_M_NN_F32)
+    return ops.swiglu(acc, plan.group_offsets)
+
+  def up_v2(x, w1, plan):
+    h = ops.grouped_gemm(ops.gather_rows(x, plan.gather_idx, plan.group_offsets), w1,
+                         plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)
+    return h, ops.swiglu_from_h(h, plan.group_offsets)
+
+  (h1, a1), (h2, a2) = jax.jit(up_v1)(x, w1, plan), jax.jit(up_v2)(x, w1, plan)
+  errs = dict(h=_rel(h2[valid], h1[valid]), a=_rel(a2[valid], a1[valid]))
+  for name, f in (("entry up_proj v1 (fp32 acc)", up_v1), ("entry up_proj v2 (bf16 H)", up_v2)):
+    ms = gpu_ms(jax.jit(f), x, w1, plan, iters=iters)
+    out.append(dict(kind="entry", name=name, ffi_ms=ms,
+                    ffi_tflops=2 * rows * d * 2 * n / ms / 1e9, v2_vs_v1_rel_err=errs))
+    print(f"  {name:30s} {ms:7.3f} ms  (v2 vs v1 rel err H {errs['h']:.1e} A {errs['a']:.1e})")
+
+  router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
+  moe = lambda x, r, w1, w2: sonic_jax.moe(x, r, w1, w2, top_k=k, backend="ffi")
+  layer = [("layer fwd", lambda *a: moe(*a), 6 * t * k * d * n),
+           ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
+                                      argnums=(0, 1, 2, 3)), 18 * t * k * d * n)]
+  saved = dict(schedules.MEASURED)
+  for table in ("default", "swept"):
+    if table == "swept":
+      schedules.MEASURED.update(best)
+    for name, f, flops in layer:
+      ms = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)  # fresh jit: picks the table
+      out.append(dict(kind="layer", name=name, table=table, ffi_ms=ms,
+                      ffi_tflops=flops / ms / 1e9))
+      print(f"  {name:14s} [{table:7s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
+  schedules.MEASURED.clear()
+  schedules.MEASURED.update(saved)
+  picks = {f"({k[0].name}, {k[1]}, {k[2]})": v.name for k, v in best.items()}
+  print("  MEASURED entries:", picks)
+  return out, picks
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(prog="python -m sonic_jax.ffi.sweep", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--configs", nargs="+", default=["32768,4096,1024,128,8"])
+  ap.add_argument("--iters", type=int, default=10)
+  ap.add_argument("--json", default=None)
+  args = ap.parse_args(argv)
+  dev = jax.devices()[0]
+  report = dict(device=dev.device_kind, jax=jax.__version__, iters=args.iters, results=[])
+  for cfg in args.configs:
+    t, d, n, e, k = map(int, cfg.split(","))
+    print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
+    rows, picks = run_config(t, d, n, e, k, args.iters)
+    report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k), rows=rows,
+                                  picks=picks))
+    if args.json:  # after every config, so a timeout keeps what finished
+      with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
