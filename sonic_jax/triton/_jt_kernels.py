@@ -1,7 +1,9 @@
 """Triton kernels called through jax-triton (imported only when ``triton`` and ``jax_triton`` are).
 
 Three families, each a plain ``@triton.jit`` function; the JAX wrappers (shapes, validation,
-launch grids) are in topk.py, metadata.py and combine.py. All index math that can exceed 2**31
+launch grids) are in topk.py, metadata.py and combine.py. Parameter order is jax-triton's:
+the inputs as passed to ``triton_call`` (arrays and scalars in that order), then the outputs,
+then the constexprs. All index math that can exceed 2**31
 (row * d) is done in int64.
 """
 
@@ -12,7 +14,7 @@ import triton.language as tl
 
 
 @triton.jit
-def topk_softmax_kernel(logits_ptr, probs_ptr, experts_ptr, num_rows,
+def topk_softmax_kernel(logits_ptr, num_rows, probs_ptr, experts_ptr,
                         E: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr,
                         BLOCK_T: tl.constexpr):
   """BLOCK_T rows of (T, E) logits -> top-K softmax probabilities (T, K) fp32, experts (T, K).
@@ -42,7 +44,7 @@ def topk_softmax_kernel(logits_ptr, probs_ptr, experts_ptr, num_rows,
 
 
 @triton.jit
-def histogram_kernel(keys_ptr, num_valid_ptr, counts_ptr, num_pairs,
+def histogram_kernel(keys_ptr, num_valid_ptr, num_pairs, counts_ptr,
                      E: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                      NCHUNK: tl.constexpr):
   """counts[b, e] = #{valid j in block b : keys[j] == e} for e < E_PAD (zero from E on);
@@ -60,8 +62,8 @@ def histogram_kernel(keys_ptr, num_valid_ptr, counts_ptr, num_pairs,
 
 
 @triton.jit
-def scatter_kernel(keys_ptr, tokens_ptr, base_ptr, num_valid_ptr,
-                   reverse_ptr, scatter_ptr, gather_ptr, num_pairs,
+def scatter_kernel(keys_ptr, tokens_ptr, base_ptr, num_valid_ptr, num_pairs,
+                   reverse_ptr, scatter_ptr, gather_ptr,
                    E: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
                    CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
   """Stable counting-sort scatter: grouped row p = base[b, e] + rank of j among e's pairs.
@@ -96,7 +98,7 @@ def scatter_kernel(keys_ptr, tokens_ptr, base_ptr, num_valid_ptr,
 
 
 @triton.jit
-def combine_kernel(y_ptr, reverse_ptr, scores_ptr, out_ptr, num_tokens,
+def combine_kernel(y_ptr, reverse_ptr, scores_ptr, num_tokens, out_ptr,
                    D: tl.constexpr, K: tl.constexpr, WEIGHTED: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
   """out[t, cols] = Σ_k s[t, k] · y[reverse[t·K + k], cols] in fp32 (top-K plans).

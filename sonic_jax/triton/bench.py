@@ -28,6 +28,8 @@ from sonic_jax.routing import RoutingPlan
 ROUTING_CONFIGS = [(32768, 128, 8), (32768, 128, 16), (32768, 256, 8), (32768, 256, 16),
                    (24576, 128, 8)]  # the last: the paper's 7B (n = 256) shape
 COMBINE_CONFIGS = [(24576, 128, 8, 1536), (32768, 256, 16, 4096)]  # paper 7B / 30B shapes
+TOPK_SWEEP = False
+TIME_XLA = True
 _FIELDS = ("group_sizes", "group_offsets", "gather_idx", "scatter_idx", "reverse_idx")
 
 
@@ -69,10 +71,16 @@ def _record(rows, log, **row):
 
 
 def copy_bandwidth(iters):
+  """Best of two streaming kernels (read + write of 1 GiB): bf16 x*2 and f32 x*2."""
   n = (1 << 29) if jax.devices()[0].platform == "gpu" else (1 << 16)
-  x = jax.random.normal(jax.random.key(0), (n,), jnp.float32).astype(jnp.bfloat16)
-  med, lo, hi = _time(lambda a: a * 2, (x,), iters)
-  return 2 * x.nbytes / (med * 1e-3) / 1e12, med
+  best = {}
+  for dtype in (jnp.bfloat16, jnp.float32):
+    x = jax.random.normal(jax.random.key(0), (n * 2 // jnp.dtype(dtype).itemsize,),
+                          jnp.float32).astype(dtype)
+    med, _, _ = _time(lambda a: a * 2, (x,), iters)
+    best[jnp.dtype(dtype).name] = 2 * x.nbytes / (med * 1e-3) / 1e12
+    del x
+  return max(best.values()), best
 
 
 def bench_routing(rows, log, iters, impls):
@@ -105,13 +113,20 @@ def bench_routing(rows, log, iters, impls):
             (logits,))
       variants[("topk", impl)] = (
           lambda l, impl=impl: tri.topk_softmax(l, k, impl=impl), (logits,))
-      for chunk, nw in ((64, 4), (128, 4)):
+      for bt, nw in (((1, 1), (4, 4), (64, 8)) if TOPK_SWEEP else ()):
+        cfg = tri.TopKConfig(block_t=bt, num_warps=nw)
+        variants[(f"topk t{bt} w{nw}", impl)] = (
+            lambda l, impl=impl, cfg=cfg: tri.topk_softmax(l, k, impl=impl, config=cfg),
+            (logits,))
+      for chunk, nw in ((32, 4), (64, 4), (128, 4)):
           cfg = tri.MetadataConfig(chunk=chunk, num_warps=nw)
           variants[(f"meta c{chunk} w{nw}", impl)] = (
               lambda a, b, c, impl=impl, cfg=cfg: tri.plan_from_assignments(
                   a, b, c, num_tokens=t, num_experts=e, top_k=k, impl=impl, config=cfg),
               (tokens, experts, scores))
     for (piece, impl), (fn, args) in variants.items():
+      if impl == "xla" and not TIME_XLA:
+        continue  # ref_plan / ref_topk above are the checks' references
       row = dict(base, piece=piece, impl=impl)
       try:
         out = jax.block_until_ready(jax.jit(fn)(*args))
@@ -124,11 +139,12 @@ def bench_routing(rows, log, iters, impls):
             rows_diff = int(np.sum(np.any(np.asarray(out.expert_ids).reshape(t, k) !=
                                           np.asarray(experts).reshape(t, k), axis=1)))
             row["check"] += f" (expert rows differing: {rows_diff})"
-        elif piece == "topk":
+        elif piece.startswith("topk"):
           diff = int(np.sum(np.any(np.asarray(out[1]) != np.asarray(ref_topk[1]), axis=1)))
           row["check"] = f"rows differing {diff}"
           row["scores_rel"] = _rel(out[0], ref_topk[0])
-        row["ms"], row["ms_min"], row["ms_max"] = _time(fn, args, iters)
+        if impl != "xla" or TIME_XLA:
+          row["ms"], row["ms_min"], row["ms_max"] = _time(fn, args, iters)
       except Exception as ex:  # noqa: BLE001 - record and go on
         row["error"] = f"{type(ex).__name__}: {ex}"[:600]
         traceback.print_exc(file=log)
@@ -171,6 +187,8 @@ def bench_combine(rows, log, iters, impls, copy_tbs):
               lambda y_, p_, impl=impl, cfg=cfg: tri.combine(y_, p_, s, jnp.bfloat16,
                                                              impl=impl, config=cfg))
       for (impl, cfg), fn in variants.items():
+        if impl in ("xla", "mosaic") and not TIME_XLA:
+          continue
         row = dict(kind="combine", T=t, E=e, K=k, d=d, weighted=weighted, impl=impl,
                    config=cfg, bytes=nbytes)
         try:
@@ -190,11 +208,23 @@ def main(argv=None):
   ap.add_argument("--out", required=True)
   ap.add_argument("--iters", type=int, default=30)
   ap.add_argument("--skip", default="", help="comma list of: routing, combine")
+  ap.add_argument("--impls", default=None, help="comma list (default: all that run here)")
+  ap.add_argument("--routing-configs", default=None, help="T,E,K;T,E,K;...")
+  ap.add_argument("--combine-configs", default=None, help="T,E,K,d;...")
+  ap.add_argument("--topk-sweep", action="store_true", help="time TopKConfig variants too")
+  ap.add_argument("--no-xla", action="store_true", help="check against xla, time only kernels")
   ap.add_argument("--cpu-smoke", action="store_true",
                   help="tiny shapes, xla variants only, wall clock: checks this script")
   args = ap.parse_args(argv)
+  global ROUTING_CONFIGS, COMBINE_CONFIGS, TOPK_SWEEP, TIME_XLA
+  if args.routing_configs:
+    ROUTING_CONFIGS = [tuple(map(int, c.split(","))) for c in args.routing_configs.split(";")]
+  if args.combine_configs:
+    COMBINE_CONFIGS = [tuple(map(int, c.split(","))) for c in args.combine_configs.split(";")]
+  TOPK_SWEEP = args.topk_sweep
+  TIME_XLA = not args.no_xla
   if args.cpu_smoke:
-    global ROUTING_CONFIGS, COMBINE_CONFIGS, _time
+    global _time
     ROUTING_CONFIGS, COMBINE_CONFIGS = [(64, 12, 3)], [(64, 12, 3, 64)]
     _time = _wall_time
   import os
@@ -209,15 +239,15 @@ def main(argv=None):
     env["jax_triton"] = jax_triton.__version__
   except Exception as ex:  # noqa: BLE001
     env["jax_triton_error"] = f"{type(ex).__name__}: {ex}"[:400]
-  impls = [] if args.cpu_smoke else [
+  impls = [] if args.cpu_smoke else args.impls.split(",") if args.impls else [
       i for i in tri.IMPLS
       if (tri.jax_triton_unavailable_reason() if i == "jax_triton" else None) is None]
   env["impls"] = impls
   rows = []
   with open(os.path.join(args.out, "triton-bench.log"), "w") as log:
     print(json.dumps(env), file=log, flush=True)
-    copy_tbs, copy_ms = copy_bandwidth(args.iters)
-    env["copy_TBps"], env["copy_ms_1GiB"] = copy_tbs, copy_ms
+    copy_tbs, copy_all = copy_bandwidth(args.iters)
+    env["copy_TBps"], env["copy_TBps_by_dtype"] = copy_tbs, copy_all
     skip = set(args.skip.split(","))
     if "routing" not in skip:
       bench_routing(rows, log, args.iters, impls)
@@ -226,13 +256,16 @@ def main(argv=None):
   with open(os.path.join(args.out, "triton-bench.json"), "w") as f:
     json.dump(dict(env=env, rows=rows), f, indent=1)
   print(json.dumps(env))
-  print(f"copy bandwidth (x*2, bf16 1 GiB): {copy_tbs:.2f} TB/s")
+  print(f"copy bandwidth (x*2 over 1 GiB, best of bf16/f32): {copy_tbs:.2f} TB/s {copy_all}")
   for r in rows:
     key = (f"{r['kind'][:4]} T{r['T']} E{r['E']} K{r['K']}" + (f" d{r['d']}" if "d" in r else "")
            + (" w" if r.get("weighted") else (" u" if "weighted" in r else "")))
     what = f"{r['impl']}:{r.get('piece', r.get('config', ''))}"
     if "error" in r:
       print(f"{key:28s} {what:32s} ERROR {r['error'][:150]}")
+      continue
+    if "ms" not in r:
+      print(f"{key:28s} {what:32s} (checked only) {r.get('check', r.get('rel_err', ''))}")
       continue
     extra = (f"{r['TBps']:.2f}TB/s {100 * r['frac_copy']:.0f}% rel {r['rel_err']:.1e}"
              if r["kind"] == "combine" else f"{r.get('check', '')} {r.get('scores_rel', '')}")
