@@ -205,8 +205,7 @@ def test_swizzled_epilogue_matches_xla(wgs):
   """epilogue_swizzle: full tiles take the swizzled SMEM + one TMA path, ragged tiles the
   ladder. One expert takes every token (a group of 160 rows: two full 64-row tiles), the
   other groups are ragged and straddle tiles; rows outside the groups stay unwritten (NaN)."""
-  cfg = GemmConfig(block_n=32, epilogue_swizzle=True, num_compute_wgs=wgs,
-                   **dict(_SMALL, block_k=32))
+  cfg = GemmConfig(block_n=32, epilogue_swizzle=True, num_compute_wgs=wgs, **_SMALL)
   kern = PallasKernels(interpret=True, config=ForwardConfig(up_proj=cfg, down_proj=cfg))
   plan = topk_plan(160, 3, 2, first_choice=2)
   sizes = np.asarray(plan.group_sizes)
@@ -261,7 +260,8 @@ def test_validate_rejects_untileable_shapes():
 
 
 def test_moe_layer_forward_single_k_step_default_config():
-  """Regression: (T, d, n, E, K) = (32, 64, 128, 6, 2) with the default heuristic configs.
+  """Regression: (T, d, n, E, K) = (32, 64, 128, 6, 2) with the default heuristic configs
+  (up_proj's with block_k = d = 64: the default block_k is now 32).
 
   up_proj gets the warp-specialized config with d == block_k (one k step): its TMA producer
   waited for no consumer release and ran tiles ahead ("awaiting phase 2, but barrier is already
@@ -270,12 +270,15 @@ def test_moe_layer_forward_single_k_step_default_config():
   from sonic_jax.moe import moe
   from sonic_jax.pallas import configs
   t, d, n, e, k = 32, 64, 128, 6, 2
+  import dataclasses
   up = configs.swiglu_gemm_config(d, n)
-  assert up.num_compute_wgs == 2 and d == up.block_k  # the case this test is about
+  assert up.num_compute_wgs == 2  # the case this test is about, with one k step:
+  up = dataclasses.replace(up, block_k=d, max_concurrent_steps=3)
   x = tokens(t, d)
   rw = (jax.random.normal(jax.random.key(12), (d, e)) / 8).astype(jnp.bfloat16)
   w1, w2 = weights(e, d, n)
-  out = moe(x, rw, w1, w2, top_k=k, backend=PallasKernels(interpret=True))
+  out = moe(x, rw, w1, w2, top_k=k,
+            backend=PallasKernels(interpret=True, config=ForwardConfig(up_proj=up)))
   ref = moe(x, rw, w1, w2, top_k=k, backend="xla")
   assert out.shape == (t, d) and rel_err(out, ref) < BF16_TOL
 
@@ -347,8 +350,13 @@ LOWERING_VARIANTS = [
                                        num_compute_wgs=2)),
     ("down_single_bn64", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5)),
     ("dx_pairs_transposed", "dx", 128, 64, dict(block_n=128, max_concurrent_steps=5)),
-    ("up_ws_swizzled_epilogue", "up", 256, 128, dict(block_n=64, max_concurrent_steps=3,
-                                                     num_compute_wgs=2, epilogue_swizzle=True)),
+    ("up_ws_swizzled_epilogue", "up", 256, 128, dict(block_n=64, block_k=32,
+                                                     max_concurrent_steps=6, num_compute_wgs=2,
+                                                     epilogue_swizzle=True)),
+    ("down_ws_bk32_s6", "down", 256, 128, dict(block_n=128, block_k=32, max_concurrent_steps=6,
+                                               num_compute_wgs=2, grid_tile_width=16)),
+    ("dx_pairs_ws_bk32_s6", "dx", 256, 64, dict(block_n=128, block_k=32, max_concurrent_steps=6,
+                                                 num_compute_wgs=2, grid_tile_width=16)),
     ("up_single_swizzled_epilogue", "up", 128, 64, dict(block_n=64, max_concurrent_steps=4,
                                                         epilogue_swizzle=True)),
     ("down_ws_swizzled_epilogue", "down", 256, 128, dict(block_n=128, max_concurrent_steps=3,

@@ -4,16 +4,18 @@ Heuristic table (bf16, H200; see docs/pallas-forward.md for the measurements beh
 
 | GEMM | condition | block_m x block_n x block_k | stages | warpgroups | tile width |
 | --- | --- | --- | --- | --- | --- |
-| plain (down_proj, dx_pairs) | N % 256 == 0 | 128 x 128 x 32 | 6 | 2 consumers + 1 TMA | 8 |
+| plain (down_proj, dx_pairs) | N % 256 == 0 | 128 x 128 x 32 | 6 | 2 consumers + 1 TMA | 16 |
 | plain | N % 128 == 0 | 128 x 128 x 64 | 5 | 1 | 8 |
 | plain | otherwise | 128 x 64 x 64 | 5 | 1 | 8 |
-| SwiGLU (up_proj; gate+up = 2 accumulators) | n % 128 == 0 | 128 x 64 (x2) x 64, swizzled epilogue | 3 | 2 consumers + 1 TMA | 8 |
+| SwiGLU (up_proj; gate+up = 2 accumulators) | n % 128 == 0 | 128 x 64 (x2) x 32, swizzled epilogue | 6 | 2 consumers + 1 TMA | 8 |
 | SwiGLU | n % 64 == 0 | 128 x 64 (x2) x 64 | 4 | 1 | 8 |
 | SwiGLU | otherwise | 128 x 32 (x2) x 64 | 4 | 1 | 8 |
 | combine | default impl "xla" (measured 4x faster); impl "mosaic": largest block_d in {256, 192, ..., 8} dividing d | 64 tokens x block_d columns | 4-slot ring | 1 | - |
 
 Stage counts keep one CTA's SMEM (ring + epilogue tiles) under 220 KiB. "Swizzled epilogue"
-(``epilogue_swizzle``): full tiles are stored through a swizzled SMEM tile with one TMA. ``block_k`` drops to 32 when the contraction dim is not a multiple of 64. The rules only pick
+(``epilogue_swizzle``): full tiles are stored through a swizzled SMEM tile with one TMA. ``block_k`` (64 in the single-warpgroup rows) drops to 32 when the contraction dim is not a
+multiple of 64. The warp-specialized rows were picked by ``benchmarks/pallas_sweep.py`` on an
+H200 (2026-12-02, session 2) at 30B-512; the other rows are session 1's. The rules only pick
 among configs that tile the shape; ``backend.PallasKernels.validate`` rejects shapes none tiles.
 ``autotune`` (optional) times candidate configs on the current GPU and caches the winner as JSON.
 """
@@ -118,10 +120,11 @@ def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmConf
   """Heuristic for a grouped GEMM (P, k) x (k, n) without epilogue (down_proj, dx_pairs)."""
   bk = _block_k(k)
   if n % 256 == 0:
-    # block_k 32 with 6 stages: the same ring bytes as 64 x 3 but a deeper pipeline (2.055 vs
-    # 2.150 ms for down_proj at 30B-512 on H200, benchmarks/results/pallas-h200-2026-12-02-s2.md).
+    # block_k 32 with 6 stages: the ring bytes of 64 x 3 but a deeper pipeline; snake width 16
+    # (down_proj at 30B-512 on H200: 2.018 ms against 2.173 ms for 128x128x64 x3, width 8;
+    # benchmarks/results/pallas-h200-2026-12-02-s2.md).
     return GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
-                      grid_tile_width=8, num_compute_wgs=2, gather=gather)
+                      grid_tile_width=16, num_compute_wgs=2, gather=gather)
   if n % 128 == 0:
     return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=5,
                       grid_tile_width=8, gather=gather)
@@ -137,7 +140,8 @@ def swiglu_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmCon
     return GemmConfig(block_m=128, block_n=64 if n % 64 == 0 else 32, block_k=bk,
                       max_concurrent_steps=3, grid_tile_width=8, gather=gather)
   if n % 128 == 0:
-    return GemmConfig(block_m=128, block_n=64, block_k=bk, max_concurrent_steps=3,
+    # 6 stages of block_k 32 (up_proj at 30B-512 on H200: 3.405 ms against 3.490 ms for 3 x 64).
+    return GemmConfig(block_m=128, block_n=64, block_k=32, max_concurrent_steps=6,
                       grid_tile_width=8, num_compute_wgs=2, gather=gather,
                       epilogue_swizzle=True)
   bn = 64 if n % 64 == 0 else 32 if n % 32 == 0 else 8
