@@ -1,5 +1,6 @@
 // XLA FFI handlers of the ffi backend (targets registered from sonic_jax/ffi/_lib.py).
 // Shapes are checked here too: a bad call returns an FFI error instead of touching memory.
+#include <atomic>
 #include <string>
 
 #include "sonic_ffi.h"
@@ -34,6 +35,19 @@ std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams&
 
 namespace handlers {
 
+// Host invocations of the handlers, and those made while the stream was being captured into a
+// CUDA graph (XLA command buffers trace FFI calls by stream capture): lets a test prove capture.
+std::atomic<int64_t> g_calls{0}, g_captured_calls{0};
+
+void note_call(cudaStream_t stream) {
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+      status == cudaStreamCaptureStatusActive) {
+    g_captured_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 std::string dims_str(ffi::AnyBuffer::Dimensions d) {
   std::string s = "(";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
@@ -53,6 +67,7 @@ ffi::Error check(bool ok, const std::string& msg) {
 ffi::Error GatherRowsImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> src,
                           ffi::Buffer<ffi::S32, 1> idx, ffi::Buffer<ffi::S32, 1> offsets,
                           ffi::ResultBuffer<ffi::BF16, 2> dst) {
+  note_call(stream);
   const int64_t cols = src.dimensions()[1], cap = idx.dimensions()[0];
   if (auto e = check(cols % 8 == 0 && dst->dimensions()[1] == cols &&
                          dst->dimensions()[0] == cap,
@@ -71,6 +86,7 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
                            ffi::AnyBuffer b, ffi::Buffer<ffi::S32, 1> offsets,
                            ffi::Result<ffi::AnyBuffer> d,
                            ffi::ResultBuffer<ffi::U8, 1> workspace) {
+  note_call(stream);
   const GemmKind k = static_cast<GemmKind>(kind);
   const int num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
   GroupedGemmParams p{};
@@ -117,6 +133,7 @@ template <bool kWriteH>
 ffi::Error SwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
                       ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> first,
                       ffi::ResultBuffer<ffi::BF16, 2> second) {
+  note_call(stream);
   const int64_t cap = acc.dimensions()[0], two_n = acc.dimensions()[1];
   uint16_t* h = kWriteH ? first->typed_data() : nullptr;
   uint16_t* a = kWriteH ? second->typed_data() : first->typed_data();
@@ -140,6 +157,7 @@ ffi::Error SwigluAImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> acc,
 // h (P, 2n) bf16, group_offsets -> a = silu(gate)·up (P, n) bf16.
 ffi::Error SwigluFromHImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> h,
                            ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> a) {
+  note_call(stream);
   const int64_t cap = h.dimensions()[0], two_n = h.dimensions()[1];
   if (auto e = check(two_n % 16 == 0 && a->dimensions()[0] == cap &&
                          a->dimensions()[1] == two_n / 2,
@@ -156,6 +174,7 @@ ffi::Error DSwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> da,
                        ffi::Buffer<ffi::BF16, 2> h, ffi::Buffer<ffi::F32, 1> s,
                        ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> dh,
                        ffi::ResultBuffer<ffi::BF16, 2> a_prime, ffi::ResultBuffer<ffi::F32, 1> ds) {
+  note_call(stream);
   const int64_t cap = da.dimensions()[0], n = da.dimensions()[1];
   if (auto e = check(n % 4 == 0 && h.dimensions()[1] == 2 * n && h.dimensions()[0] == cap &&
                          s.dimensions()[0] == cap,
@@ -173,6 +192,7 @@ ffi::Error CombineWeightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
                                ffi::Buffer<ffi::S32, 1> token_offsets,
                                ffi::Buffer<ffi::S32, 1> reverse_idx, ffi::Buffer<ffi::F32, 1> s,
                                ffi::ResultBuffer<ffi::BF16, 2> out) {
+  note_call(stream);
   const int64_t cols = y.dimensions()[1];
   if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
   return cuda_error("combine",
@@ -185,6 +205,7 @@ ffi::Error CombineUnweightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> 
                                  ffi::Buffer<ffi::S32, 1> token_offsets,
                                  ffi::Buffer<ffi::S32, 1> reverse_idx,
                                  ffi::ResultBuffer<ffi::BF16, 2> out) {
+  note_call(stream);
   const int64_t cols = y.dimensions()[1];
   if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
   return cuda_error("combine",
@@ -309,6 +330,11 @@ __attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(in
   if (config < 0 || config >= static_cast<int>(sonic::GemmConfig::kNumConfigs)) return -1;
   return static_cast<int64_t>(sonic::grouped_gemm_workspace_bytes(
       static_cast<sonic::GemmKind>(kind), config, num_groups));
+}
+
+// Handler invocations so far: all of them (captured == 0) or those made during stream capture.
+__attribute__((visibility("default"))) int64_t sonic_jax_handler_calls(int captured) {
+  return captured ? sonic::handlers::g_captured_calls.load() : sonic::handlers::g_calls.load();
 }
 
 }  // extern "C"

@@ -65,6 +65,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                   f"{ABI_VERSION}; rebuild it with `python -m sonic_jax.ffi.build`")
   lib.sonic_jax_gemm_workspace_bytes.restype = ctypes.c_int64
   lib.sonic_jax_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+  lib.sonic_jax_handler_calls.restype = ctypes.c_int64
+  lib.sonic_jax_handler_calls.argtypes = [ctypes.c_int]
   return lib, None
 
 
@@ -93,3 +95,9 @@ def gemm_workspace_bytes(kind: int, config: int, num_groups: int) -> int:
     raise ValueError(f"GEMM kind {kind} has no config {config} in {find_library()} "
                      f"(see csrc/sonic_ffi.h)")
   return int(n)
+
+
+def handler_calls() -> tuple[int, int]:
+  """(all, during CUDA-graph stream capture) host invocations of the FFI handlers so far."""
+  lib = library()
+  return int(lib.sonic_jax_handler_calls(0)), int(lib.sonic_jax_handler_calls(1))

@@ -7,8 +7,9 @@ GEMM of the layer (inputs gathered beforehand) under every tile schedule instant
 kind (sonic_jax.ffi.schedules.INSTANTIATED), each checked against the first schedule's result,
 next to an XLA dense matmul of the same total shape; the up_proj entry point as session 1 built
 it (fp32 accumulator + SwiGLU kernel) and as now (bf16 H from the GEMM); then the layer forward
-and forward+backward (``sonic_jax.moe(..., backend="ffi")``) with the default schedules and with
-the fastest schedule of each GEMM. Prints the ``MEASURED`` entries for schedules.py.
+and forward+backward (``sonic_jax.moe(..., backend="ffi")``) with the kinds' default schedules
+and with the fastest schedule of each GEMM (--layer-only: the layer with the table as it
+is). Prints the ``MEASURED`` entries for schedules.py.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure), median of --iters.
 """
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sonic_jax
+from sonic_jax import experts
 from sonic_jax.ffi import ops, schedules
 from sonic_jax.ffi.schedules import GemmKind
 from sonic_jax.routing import route_logits
@@ -44,7 +46,7 @@ def _rel(a, b) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def run_config(t, d, n, e, k, iters):
+def run_config(t, d, n, e, k, iters, sweep=True):
   ks = jax.random.split(jax.random.key(0), 8)
   plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
   rows = int(plan.group_offsets[-1])
@@ -81,7 +83,7 @@ def run_config(t, d, n, e, k, iters):
   ]
   out, best = [], {}
   valid = np.arange(plan.capacity) < rows
-  for name, kind, args, dims, fd, dargs, flops in cases:
+  for name, kind, args, dims, fd, dargs, flops in (cases if sweep else []):
     ms_d = gpu_ms(fd, *dargs, iters=iters)
     ref = None
     timings = {}
@@ -116,25 +118,31 @@ def run_config(t, d, n, e, k, iters):
                          plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)
     return h, ops.swiglu_from_h(h, plan.group_offsets)
 
-  (h1, a1), (h2, a2) = jax.jit(up_v1)(x, w1, plan), jax.jit(up_v2)(x, w1, plan)
-  errs = dict(h=_rel(h2[valid], h1[valid]), a=_rel(a2[valid], a1[valid]))
-  for name, f in (("entry up_proj v1 (fp32 acc)", up_v1), ("entry up_proj v2 (bf16 H)", up_v2)):
-    ms = gpu_ms(jax.jit(f), x, w1, plan, iters=iters)
-    out.append(dict(kind="entry", name=name, ffi_ms=ms,
-                    ffi_tflops=2 * rows * d * 2 * n / ms / 1e9, v2_vs_v1_rel_err=errs))
-    print(f"  {name:30s} {ms:7.3f} ms  (v2 vs v1 rel err H {errs['h']:.1e} A {errs['a']:.1e})")
+  if sweep:
+    (h1, a1), (h2, a2) = jax.jit(up_v1)(x, w1, plan), jax.jit(up_v2)(x, w1, plan)
+    errs = dict(h=_rel(h2[valid], h1[valid]), a=_rel(a2[valid], a1[valid]))
+    for name, f in (("entry up_proj v1 (fp32 acc)", up_v1), ("entry up_proj v2 (bf16 H)", up_v2)):
+      ms = gpu_ms(jax.jit(f), x, w1, plan, iters=iters)
+      out.append(dict(kind="entry", name=name, ffi_ms=ms,
+                      ffi_tflops=2 * rows * d * 2 * n / ms / 1e9, v2_vs_v1_rel_err=errs))
+      print(f"  {name:30s} {ms:7.3f} ms  (v2 vs v1 rel err H {errs['h']:.1e} A {errs['a']:.1e})")
 
   router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
-  moe = lambda x, r, w1, w2: sonic_jax.moe(x, r, w1, w2, top_k=k, backend="ffi")
-  layer = [("layer fwd", lambda *a: moe(*a), 6 * t * k * d * n),
-           ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
-                                      argnums=(0, 1, 2, 3)), 18 * t * k * d * n)]
   saved = dict(schedules.MEASURED)
-  for table in ("default", "swept"):
-    if table == "swept":
+  for table in (("default", "swept") if sweep else ("table",)):
+    if table == "default":
+      schedules.MEASURED.clear()
+    elif table == "swept":
       schedules.MEASURED.update(best)
+    # Fresh traces for each table: jit and the custom_vjp block cache traced functions.
+    jax.clear_caches()
+    experts._expert_block.cache_clear()
+    moe = lambda x, r, w1, w2: sonic_jax.moe(x, r, w1, w2, top_k=k, backend="ffi")
+    layer = [("layer fwd", moe, 6 * t * k * d * n),
+             ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
+                                        argnums=(0, 1, 2, 3)), 18 * t * k * d * n)]
     for name, f, flops in layer:
-      ms = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)  # fresh jit: picks the table
+      ms = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)
       out.append(dict(kind="layer", name=name, table=table, ffi_ms=ms,
                       ffi_tflops=flops / ms / 1e9))
       print(f"  {name:14s} [{table:7s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
@@ -151,13 +159,15 @@ def main(argv=None):
   ap.add_argument("--configs", nargs="+", default=["32768,4096,1024,128,8"])
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--json", default=None)
+  ap.add_argument("--layer-only", action="store_true",
+                  help="only the layer timings with the current schedules table")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   report = dict(device=dev.device_kind, jax=jax.__version__, iters=args.iters, results=[])
   for cfg in args.configs:
     t, d, n, e, k = map(int, cfg.split(","))
     print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
-    rows, picks = run_config(t, d, n, e, k, args.iters)
+    rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only)
     report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k), rows=rows,
                                   picks=picks))
     if args.json:  # after every config, so a timeout keeps what finished
