@@ -25,13 +25,17 @@ MAX_EXPERTS = 4096  # one row lives in registers
 
 @dataclasses.dataclass(frozen=True)
 class TopKConfig:
-  """block_t: rows per program (a power of two; None: 4096 / E_pad, within [1, 64])."""
+  """block_t: rows per program (a power of two). The defaults, one row per single-warp
+  program, were the fastest of the H200 sweep (block_t, num_warps) in {(1, 1), (4, 4), (64, 8),
+  (4096 / E, 4)}: 17.5 µs (jax-triton) / 18.0 µs (Pallas-Triton) at T = 24576, E = 128, K = 8 and
+  73 µs (jax-triton) at T = 32768, E = 256, K = 16, vs 30 / 28 / 216 µs with (4096 / E rows,
+  4 warps); see benchmarks/results/triton-h200-2026-12-02-s2.md."""
 
-  block_t: int | None = None
-  num_warps: int = 4
+  block_t: int = 1
+  num_warps: int = 1
 
   def __post_init__(self):
-    if self.block_t is not None and (self.block_t < 1 or self.block_t & (self.block_t - 1)):
+    if self.block_t < 1 or self.block_t & (self.block_t - 1):
       raise ValueError(f"TopKConfig.block_t must be a power of two, got {self.block_t}")
     if self.num_warps not in (1, 2, 4, 8, 16):
       raise ValueError(f"TopKConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
@@ -72,7 +76,7 @@ def topk_softmax(logits: jax.Array, top_k: int, *, impl: str = "jax_triton",
 def _launch(logits, top_k, impl, config: TopKConfig, interpret):
   num_rows, e = logits.shape
   e_pad = max(_next_pow2(e), 2)
-  block_t = config.block_t or max(1, min(64, 4096 // e_pad))
+  block_t = config.block_t
   if impl == "pallas_triton":
     from sonic_jax.triton import pallas_kernels as pk
     x = logits if e == e_pad else jnp.pad(logits, ((0, 0), (0, e_pad - e)))
