@@ -179,6 +179,20 @@ def test_resolve_route_impl_on_cpu():
   assert tri.jax_triton_unavailable_reason()
 
 
+def test_jax_triton_impl_says_why_it_cannot_run():
+  reason = tri.jax_triton_unavailable_reason()
+  if reason is None:
+    pytest.skip("jax-triton runs here")
+  logits = _logits(8, 6)
+  plan = routing.route_logits(logits, top_k=2)
+  y = jnp.ones((plan.capacity, 64), jnp.bfloat16)
+  for call in (lambda: tri.topk_softmax(logits, 2),
+               lambda: tri.routing_metadata(plan.expert_ids, num_experts=6, top_k=2),
+               lambda: tri.combine(y, plan, plan.scores, jnp.bfloat16)):
+    with pytest.raises(RuntimeError, match="impl='jax_triton' is not available"):
+      call()
+
+
 def test_validation_errors():
   logits = _logits(8, 6)
   with pytest.raises(ValueError, match="logits must have shape"):

@@ -98,6 +98,7 @@ from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  #
                                        route_logits, routing_metadata)
 from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
-__all__ = ["IMPLS", "ROUTE_IMPLS", "resolve_route_impl", "TopKConfig", "MetadataConfig", "CombineConfig", "topk_softmax",
-           "routing_metadata", "plan_from_assignments", "route_logits", "combine",
-           "jax_triton_unavailable_reason", "pallas_triton_unavailable_reason"]
+__all__ = ["IMPLS", "ROUTE_IMPLS", "AUTO_ROUTE_ORDER", "resolve_route_impl", "TopKConfig",
+           "MetadataConfig", "CombineConfig", "topk_softmax", "routing_metadata",
+           "plan_from_assignments", "route_logits", "combine", "jax_triton_unavailable_reason",
+           "pallas_triton_unavailable_reason"]

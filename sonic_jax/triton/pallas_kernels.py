@@ -28,7 +28,8 @@ def _call(body, out_shape, grid, num_warps, interpret):
 @functools.cache
 def topk_softmax_call(num_rows: int, e: int, e_pad: int, k: int, block_t: int, num_warps: int,
                       interpret: bool):
-  """(T, E_PAD) logits (columns >= E are ignored; the wrapper pads E to E_PAD) -> (probs (T, K) f32, experts (T, K) i32)."""
+  """(T, E_PAD) logits (columns >= E ignored; the wrapper pads E to E_PAD) ->
+  (probs (T, K) f32, experts (T, K) i32)."""
 
   def body(x_ref, p_ref, e_ref):
     t0 = pl.program_id(0) * block_t
