@@ -42,9 +42,9 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
                             GemmConfig.COOPERATIVE_128x256_C1x2),
 }
 
-# Default per kind: the cooperative 128x256 tile won 9 of the 11 varlen-M shapes of the H200
-# sweep (2026-12-02, T=32768, d=4096, n=512/1024, E=128, K=8), by 1.2-1.3x on the up_proj, dh and
-# dx_pairs GEMMs; for varlen-K the two configs are within 5%.
+# Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
+# the H200 sweep (2026-12-02, T=32768, d=4096, n=1024 and n=512, E=128, K=8), by 1.2-1.3x on the
+# up_proj, dh and dx_pairs GEMMs; for varlen-K the two configs are within 5%.
 DEFAULT: dict[GemmKind, GemmConfig] = {
     GemmKind.VARLEN_M_NN_F32: GemmConfig.PINGPONG_128x128_C2x1,
     GemmKind.VARLEN_M_NN_BF16: GemmConfig.COOPERATIVE_128x256_C2x1,
