@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the Pallas kernels: the config sweep (benchmarks/pallas_sweep.py), then the
 # pallas GPU tests.
-#   run(command="bash benchmarks/pallas_gpu_run.sh 55 2")   # sweep budget in seconds, phase
+#   run(command="bash benchmarks/pallas_gpu_run.sh 55 3 \"not fused\"")
+#   (sweep budget in seconds; sweep phase 1, 2 or 3, see pallas_sweep.py --help; pytest -k)
 # (Session 2's first call ran the tests in the background during the sweep: that slowed the
 # first timings of the sweep, e.g. the dense baselines, so they now run one after the other.)
 set -uo pipefail

@@ -210,7 +210,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     row_start = dst_ref[mi]
     return e, row_start, rows_ref[mi], row_load, row_start - row_load
 
-  swizzled = config.epilogue_swizzle and bm <= out_rows
+  swizzled = config.epilogue_swizzle
   epi_swizzle = plgpu.find_swizzle(bn * jnp.dtype(dtype).itemsize * 8)
   epi_transforms = (plgpu.TilingTransform((8, epi_swizzle // jnp.dtype(dtype).itemsize)),
                     plgpu.SwizzleTransform(epi_swizzle))
@@ -230,19 +230,20 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     col = ni * bn_cta + wg * bn
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's stores left epi_smem
 
-    def flush_ragged(epi_smem, items):
+    def stage(epi_smem, items):  # registers -> SMEM, made visible to the TMA engine
       for j, (v, _, _) in enumerate(items):
         epi_smem[j] = v.astype(dtype)
       plgpu.commit_smem()
+
+    def flush_ragged(epi_smem, items):
+      stage(epi_smem, items)
       for j, (_, ref, c0) in enumerate(items):
         _ragged_store(epi_smem.at[j], ref.at[:, pl.ds(c0, bn)], off=off, rows=rows,
                       dst_row=row_start, max_rows=max_store_rows)
 
     def flush_full(epi_smem, items):
       # rows == bm: the window is the tile (off == 0), its start a multiple of 8.
-      for j, (v, _, _) in enumerate(items):
-        epi_smem[j] = v.astype(dtype)
-      plgpu.commit_smem()
+      stage(epi_smem, items)
       for j, (_, ref, c0) in enumerate(items):
         plgpu.copy_smem_to_gmem(epi_smem.at[j],
                                 ref.at[pl.ds(row_load, bm), pl.ds(pl.multiple_of(c0, bn), bn)])
