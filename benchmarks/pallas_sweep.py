@@ -412,7 +412,7 @@ def main():
                     ("128x128x128 s3 gbn1", W(block_k=128, max_concurrent_steps=3))):
       sw.wgrad(bwd, "dw1", name, c)
       sw.wgrad(bwd, "dw2", name, c)
-    for name, c in (("128x128x64 s5 gbn8", DhConfig(max_concurrent_steps=5)),
+    for name, c in (("128x128x64 s3 gbn8", DhConfig(max_concurrent_steps=3)),
                     ("128x128x128 s2 gbn8", DhConfig(block_k=128, max_concurrent_steps=2))):
       sw.dh(bwd, name, c)
     sw.up(fwd, "ws2 bn64 s3 w8", up["ws2 bn64 s3 w8"], with_gather=True)

@@ -169,6 +169,10 @@ def test_validation_errors():
     DhConfig(block_m=32)
   with pytest.raises(ValueError, match="epi_n"):
     DhConfig(epi_n=32)
+  # The H tiles stay in SMEM over the K loop: 64 KiB + a 4 x 64 KiB ring does not fit.
+  with pytest.raises(ValueError, match="bytes of SMEM"):
+    dh(a["dout"], a["w2"], a["h"], s, plan, config=DhConfig(block_n=128, block_k=128),
+       interpret=True)
 
 
 def test_backend_validate_runs_backward_checks():

@@ -144,12 +144,28 @@ def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhC
   validate_dh_shapes(d, n, config)
 
 
+SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for barriers
+
+
+def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
+  """SMEM of one CTA: the prefetched H gate/up tiles and scores stay live over the K loop's
+  pipeline ring, whose space the three output tiles and the dS row reuse afterwards."""
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  h_tiles = 2 * bm * bn * itemsize + bm * 4
+  ring = config.max_concurrent_steps * (bm * bk + bn * bk) * itemsize
+  outputs = 3 * bm * bn * itemsize + bm * 4
+  return h_tiles + max(ring, outputs)
+
+
 def validate_dh_shapes(d: int, n: int, config: DhConfig) -> None:
   """Raises ValueError when (d, n) cannot be tiled by ``config`` (the shape rules alone)."""
   if d % config.block_k:
     raise ValueError(f"d ({d}) must be a multiple of DhConfig.block_k ({config.block_k})")
   if n % config.block_n:
     raise ValueError(f"n ({n}) must be a multiple of DhConfig.block_n ({config.block_n})")
+  if smem_bytes(config) > SMEM_LIMIT:
+    raise ValueError(f"DhConfig {config} needs {smem_bytes(config)} bytes of SMEM, more than "
+                     f"{SMEM_LIMIT}: lower max_concurrent_steps, block_k or block_n")
 
 
 def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
