@@ -120,6 +120,25 @@ def test_metadata_token_rounding_plan_interpret():
   _assert_same_plan(plan, ref, scores_tol=1e-12)
 
 
+def test_routing_metadata_num_valid_default_config_interpret():
+  # Direct call with a traced valid count and the default config (chunk 32): pairs past
+  # num_valid keep p = j and token 0, as from_assignments places padding.
+  t, e, cap, nv = 30, 5, 70, 41
+  key = jax.random.key(13)
+  tokens = jnp.sort(jax.random.randint(key, (cap,), 0, t)).astype(jnp.int32)
+  experts = jax.random.randint(jax.random.fold_in(key, 1), (cap,), 0, e).astype(jnp.int32)
+  valid = jnp.arange(cap) < nv
+  ref = RoutingPlan.from_assignments(tokens, experts, jnp.ones((cap,)), num_tokens=t,
+                                     num_experts=e, valid=valid)
+  got = tri.routing_metadata(jnp.where(valid, experts, 0), num_experts=e,
+                             token_ids=jnp.where(valid, tokens, 0), num_valid=jnp.int32(nv),
+                             impl="pallas_triton", interpret=True)
+  for name, a in zip(("group_sizes", "group_offsets", "gather_idx", "scatter_idx",
+                      "reverse_idx"), got):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(getattr(ref, name)), err_msg=name)
+  np.testing.assert_array_equal(np.asarray(got[4][nv:]), np.arange(nv, cap))
+
+
 def test_route_logits_interpret_matches_xla():
   t, e, k = 45, 12, 4
   logits = _logits(t, e, seed=7)
