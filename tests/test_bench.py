@@ -278,3 +278,29 @@ def test_merge_keeps_measured_rows_and_readme_shows_only_the_merge(tmp_path):
   other["meta"]["routing"] = "tr"
   with pytest.raises(ValueError, match="routing"):
     merge.merge([("x.json", old), ("y.json", other)])
+
+
+def test_dense_ceiling_backward_runs_bf16_gemms():
+  """The ceiling's fwd+bwd has only bf16 x bf16 dots (fp32 GEMMs would lower the ceiling)."""
+  import jax
+  import jax.numpy as jnp
+  from sonic_jax.bench import impls
+  t, d, n = 64, 32, 16
+  layer = None
+
+  class _P:  # the fields DenseCeiling.prepare reads
+    cfg = configs.parse_configs(f"{t},{d},{n},4,2")[0]
+    x = jnp.zeros((t, d), jnp.bfloat16)
+    w1 = jnp.zeros((4, d, 2 * n), jnp.bfloat16)
+    w2 = jnp.zeros((4, n, d), jnp.bfloat16)
+
+  layer, args = impls.make_impl("dense-ceiling").prepare(_P, None)
+
+  def step(*a):
+    out, vjp = jax.vjp(layer, *a)
+    return vjp(out)
+
+  eqns = [e for e in jax.make_jaxpr(step)(*args).jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert len(eqns) == 6  # 2 forward + 4 backward GEMMs
+  for e in eqns:
+    assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16] * 2, e

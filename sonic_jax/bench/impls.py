@@ -240,12 +240,13 @@ class DenseCeiling(Impl):
         problem.x.dtype))()
 
     def layer(xr, w1, w2):
-      # H and A are stored in the operand dtype, as the MoE kernels do, so that every GEMM of
-      # the backward also runs on bf16 operands (an fp32 H would make autodiff run fp32 GEMMs).
-      h = jnp.dot(xr, w1, preferred_element_type=_F32).astype(xr.dtype)
+      # Plain operand-dtype dots (cuBLAS accumulates in fp32 inside). With
+      # preferred_element_type=f32 + astype, autodiff feeds fp32 cotangents to the backward
+      # dots and they run as fp32 GEMMs (tests/test_bench.py checks the backward's dtypes).
+      h = jnp.dot(xr, w1)
       n = h.shape[-1] // 2
       a = jax.nn.silu(h[:, :n]) * h[:, n:]
-      return jnp.dot(a, w2, preferred_element_type=_F32).astype(xr.dtype)
+      return jnp.dot(a, w2)
 
     return layer, (xr, problem.w1[0], problem.w2[0])
 
