@@ -13,7 +13,7 @@ from sonic_jax.routing import (TokenRounding, route_logits, router_logits, valid
 
 def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int,
         renormalize: bool = True, routing: str | TokenRounding = "topk",
-        backend: str | ExpertKernels = "auto") -> jax.Array:
+        backend: str | ExpertKernels = "auto", routing_impl: str = "xla") -> jax.Array:
   """SwiGLU mixture-of-experts layer.
 
   Args:
@@ -25,17 +25,24 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
       SonicMoE default); False keeps the raw probabilities (OLMoE / Qwen3 style).
     routing: "topk", "token_rounding" (tile 128, nearest) or a ``TokenRounding`` config.
     backend: "auto" | "xla" | "pallas" | "ffi" (or an ExpertKernels instance).
+    routing_impl: who computes top-K routing and the plan: "xla" (default), "pallas_triton",
+      "jax_triton" (needs the ``triton`` extra) or "auto" (the fastest measured that runs
+      here; see docs/triton.md). Token rounding always routes with "xla".
   Returns:
     (T, d) in x.dtype: out_t = Σ_k s_tk · (silu(x_t W1g_e) ⊙ x_t W1u_e) · W2_e.
   """
   validate_router_args(x, router_w)
   validate_backend_name(backend)
+  from sonic_jax.triton import ROUTE_IMPLS  # no jax-triton import: the package imports without it
+  if routing_impl not in ROUTE_IMPLS:
+    raise ValueError(f"routing_impl must be one of {ROUTE_IMPLS}, got {routing_impl!r}")
   if getattr(w1, "ndim", None) == 3 and router_w.shape[1] != w1.shape[0]:
     raise ValueError(
         f"router_w has {router_w.shape[1]} experts but w1 has {w1.shape[0]} (w1.shape[0] must "
         f"equal router_w.shape[1])")
   logits = router_logits(x, router_w)
   validate_routing_args(logits, top_k, routing)
-  plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing)
+  plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing,
+                      impl=routing_impl)
   validate_expert_args(x, plan, w1, w2)
   return moe_experts(x, plan, w1, w2, backend=backend)

@@ -263,7 +263,7 @@ def test_merge_keeps_measured_rows_and_readme_shows_only_the_merge(tmp_path):
   a.write_text(json.dumps(old))
   b.write_text(json.dumps(new))
   out = tmp_path / "bench-h200-merged.json"
-  assert merge.main([str(out), str(a), str(b), "--no-plots"]) == 0
+  assert merge.main([str(out), str(a), str(b), "--no-plots", "--note", "joined"]) == 0
   doc = json.loads(out.read_text())
   rows = {r["impl"]: r for r in doc["results"]}
   assert rows["pallas"]["modes"]["fwd"]["tflops"] == 400.0
@@ -271,7 +271,7 @@ def test_merge_keeps_measured_rows_and_readme_shows_only_the_merge(tmp_path):
   assert rows["tokamax"]["status"] == "ok" and rows["tokamax"]["source"] == a.name
   assert rows["ffi"]["status"] == "ok"
   assert [s["file"] for s in doc["meta"]["merged_from"]] == [a.name, b.name]
-  assert doc["meta"]["notes"] == [f"[{b.name}] second run"]
+  assert doc["meta"]["notes"] == ["joined", f"[{b.name}] second run"]
   chosen = readme.select(readme.load_results(str(tmp_path)))
   assert [p for p, _ in chosen] == [str(out)]
   other = _fake_gpu_doc()

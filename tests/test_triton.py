@@ -326,3 +326,14 @@ def test_gpu_combine(impl, weighted, t, e, k, d):
   assert rel_err(out, ref) < 1e-2
   out32 = jax.jit(lambda y_: tri.combine(y_, plan, scores, jnp.float32, impl=impl))(y)
   assert rel_err(out32, XlaKernels().combine(y, plan, scores, jnp.float32)) < 1e-5
+
+
+def test_moe_routing_impl_auto_matches_xla():
+  """sonic_jax.moe(routing_impl="auto") gives the xla-routed layer's output (any impl it picks
+  makes the same plan; on the CPU "auto" is "xla")."""
+  from tests.helpers import Problem, make_inputs, rel_err
+  import sonic_jax
+  args = make_inputs(Problem(T=32, d=16, n=8, E=6, K=2))
+  want = sonic_jax.moe(*args, top_k=2, backend="xla")
+  got = sonic_jax.moe(*args, top_k=2, backend="xla", routing_impl="auto")
+  assert rel_err(got, want) < 1e-6

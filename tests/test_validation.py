@@ -25,6 +25,7 @@ X, RW, W1, W2 = make_inputs(Problem(T=16, d=8, n=4, E=4, K=2))
     (dict(top_k=2.0), "top_k must be an int"),
     (dict(routing="expert_choice"), "routing must be"),
     (dict(backend="cuda"), "backend must be"),
+    (dict(routing_impl="cuda"), "routing_impl must be one of"),
 ])
 def test_moe_rejects(kwargs, match):
   args = dict(x=X, router_w=RW, w1=W1, w2=W2, top_k=2)

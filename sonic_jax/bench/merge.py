@@ -63,6 +63,8 @@ def main(argv=None) -> int:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("out", help="merged results JSON to write (Markdown and plots beside it)")
   ap.add_argument("runs", nargs="+", help="results JSONs, oldest first")
+  ap.add_argument("--note", action="append", default=[],
+                  help="a note on the merged document (repeatable)")
   ap.add_argument("--no-plots", action="store_true")
   args = ap.parse_args(argv)
   docs = []
@@ -70,6 +72,7 @@ def main(argv=None) -> int:
     with open(p) as f:
       docs.append((p, json.load(f)))
   doc = merge(docs)
+  doc["meta"]["notes"] = list(args.note) + doc["meta"]["notes"]
   stem = args.out[:-5] if args.out.endswith(".json") else args.out
   print(report.terminal_table(doc))
   for p in report.write_outputs(doc, stem, make_plots=not args.no_plots):
