@@ -139,3 +139,33 @@ def test_load_balancing_loss_is_one_when_uniform():
                                       num_tokens=8, num_experts=4, top_k=1)
   assert abs(float(sonic_jax.load_balancing_loss(logits, plan)) - 1.0) < 1e-6
   assert float(sonic_jax.wasted_ratio(plan, 4)) == 1.0
+
+
+def _argsort_select(values, counts):
+  """Reference for select_top_per_column: place of each row in a stable descending argsort."""
+  t, e = values.shape
+  order = np.argsort(-np.asarray(values), axis=0, kind="stable")
+  position = np.empty_like(order)
+  position[order, np.arange(e)[None, :]] = np.arange(t)[:, None]
+  return position < np.asarray(counts)[None, :]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_select_top_per_column_matches_stable_argsort(seed):
+  from sonic_jax.routing import select_top_per_column
+  rng = np.random.default_rng(seed)
+  t, e = int(rng.integers(1, 300)), int(rng.integers(1, 20))
+  kind = seed % 3
+  if kind == 0:  # distinct values spanning both signs and tiny magnitudes
+    v = rng.normal(size=(t, e)).astype(np.float32) * np.float32(10.0) ** rng.integers(-30, 3, (t, e))
+  elif kind == 1:  # heavy ties: a few distinct levels, plus -0.0 / 0.0
+    v = rng.choice(np.array([-1.0, -0.5, -0.0, 0.0, 0.25, 1.0], np.float32), size=(t, e))
+  else:  # the token-rounding ranking: chosen in (0, 1], unchosen p - 1 in (-1, 0]
+    p = rng.dirichlet(np.ones(e) * 0.3, size=t).astype(np.float32)
+    v = np.where(rng.random((t, e)) < 0.3, p / p.max(), p - np.float32(1.0)).astype(np.float32)
+  counts = rng.integers(0, t + 1, size=e).astype(np.int32)
+  counts[0] = 0
+  counts[-1] = t
+  got = np.asarray(jax.jit(select_top_per_column)(jnp.asarray(v), jnp.asarray(counts)))
+  np.testing.assert_array_equal(got, _argsort_select(v, counts))
+  np.testing.assert_array_equal(got.sum(0), counts)
