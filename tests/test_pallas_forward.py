@@ -183,6 +183,17 @@ def test_token_rounding_plan_padding_rows():
   assert rel_err(out, XLA.combine(y_ref, plan, plan.scores, jnp.float32)) < 1e-5
 
 
+def _check_up_down(kern, plan, d: int, n: int, down: bool = True) -> None:
+  """H and A of kern.up_proj (and Y of down_proj) against the xla backend at bf16 tolerance."""
+  x = tokens(plan.num_tokens, d)
+  w1, w2 = weights(plan.num_experts, d, n)
+  h, a = kern.up_proj(x, w1, plan)
+  h_ref, a_ref = XLA.up_proj(x, w1, plan)
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
+  if down:
+    assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
+
+
 # (d, n, block_k): k steps of up_proj / down_proj = (1, 1) (the k == block_k case whose
 # producer ran tiles ahead before the end-of-tile barrier), (2, 2), and (4, 2) > 2 slots.
 @pytest.mark.parametrize("d,n,block_k", [(64, 64, 64), (64, 64, 32), (128, 64, 32)])
@@ -192,12 +203,7 @@ def test_warp_specialized_variant_matches_xla(d, n, block_k):
   kern = PallasKernels(interpret=True, config=ForwardConfig(
       up_proj=GemmConfig(block_n=32, **ws), down_proj=GemmConfig(block_n=32, **ws)))
   plan = _case("empty_experts")
-  x = tokens(plan.num_tokens, d)
-  w1, w2 = weights(plan.num_experts, d, n)
-  h, a = kern.up_proj(x, w1, plan)
-  h_ref, a_ref = XLA.up_proj(x, w1, plan)
-  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
-  assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
+  _check_up_down(kern, plan, d, n)
 
 
 @pytest.mark.parametrize("wgs", [1, 2])
@@ -211,12 +217,7 @@ def test_swizzled_epilogue_matches_xla(wgs):
   sizes = np.asarray(plan.group_sizes)
   assert sizes.max() >= 2 * 64 and (sizes % 64 != 0).any()
   d, n = 64, 64
-  x = tokens(plan.num_tokens, d)
-  w1, w2 = weights(plan.num_experts, d, n)
-  h, a = kern.up_proj(x, w1, plan)
-  h_ref, a_ref = XLA.up_proj(x, w1, plan)
-  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
-  assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
+  _check_up_down(kern, plan, d, n)
 
 
 def test_fused_gather_variant_matches_xla():
@@ -225,11 +226,7 @@ def test_fused_gather_variant_matches_xla():
       block_n=32, gather="fused", **dict(_SMALL, block_k=64))))
   plan = _case("straddle_e5")
   d, n = 64, 32
-  x = tokens(plan.num_tokens, d)
-  w1, _ = weights(plan.num_experts, d, n)
-  h, a = kern.up_proj(x, w1, plan)
-  h_ref, a_ref = XLA.up_proj(x, w1, plan)
-  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
+  _check_up_down(kern, plan, d, n, down=False)
 
 
 def test_validate_rejects_untileable_shapes():
