@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that re-records the H200 results of a session's final code (~10 minutes):
 #   1. the sharding GPU tests (pallas / ffi kernels inside the layer's shard_map, native
-#      ragged_all_to_all), the Triton GPU tests and examples/train_sharded.py on the one GPU;
+#      ragged_all_to_all), the Triton GPU tests, the token-rounding selection timing and
+#      examples/train_sharded.py on the one GPU;
 #   2. benchmarks/run_h200.sh with whatever time is left (BENCH_ARGS picks implementations).
 #   run(command="bash scripts/h200_final.sh", carry=[".gpu_wheels",
 #       "sonic_jax/ffi/libsonic_jax_cuda.so"], timeout_s=600)
@@ -25,6 +26,9 @@ timeout ${SHARD_TEST_S:-120} $PY -m pytest -m gpu -q -p no:cacheprovider tests/t
 echo "== Triton routing / combine GPU tests"
 timeout ${TRITON_TEST_S:-70} $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_triton.py 2>&1 \
   | tee "$OUT/triton-gpu-tests.log" | tail -n 8
+echo "== token-rounding selection: argsort vs bisection"
+timeout ${SELECT_S:-40} $PY benchmarks/token_rounding_select.py \
+  --out "$OUT/token-rounding-select-h200.md" 2>&1 | tail -n 4
 echo "== examples/train_sharded.py on the GPU (pallas, expert axis, ragged exchange)"
 timeout ${TRAIN_S:-70} $PY examples/train_sharded.py --backend pallas --steps 20 --batch 32 \
   --seq-len 256 --d-model 512 --d-ff 1024 --experts 16 --top-k 2 --exchange ragged 2>&1 \
