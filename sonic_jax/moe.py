@@ -9,6 +9,7 @@ from sonic_jax.experts import moe_experts, validate_expert_args
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.routing import (TokenRounding, route_logits, router_logits, validate_router_args,
                                validate_routing_args)
+from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
 
 def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int,
@@ -33,9 +34,7 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
   """
   validate_router_args(x, router_w)
   validate_backend_name(backend)
-  from sonic_jax.triton import ROUTE_IMPLS  # no jax-triton import: the package imports without it
-  if routing_impl not in ROUTE_IMPLS:
-    raise ValueError(f"routing_impl must be one of {ROUTE_IMPLS}, got {routing_impl!r}")
+  validate_route_impl(routing_impl, "routing_impl")
   if getattr(w1, "ndim", None) == 3 and router_w.shape[1] != w1.shape[0]:
     raise ValueError(
         f"router_w has {router_w.shape[1]} experts but w1 has {w1.shape[0]} (w1.shape[0] must "

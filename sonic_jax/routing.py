@@ -189,14 +189,13 @@ def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
   "xla"); token rounding always runs here.
   """
   rounding = validate_routing_args(logits, top_k, routing)
-  # --- hook (issue 9): top-K routing by the sonic_jax.triton kernels; same plan, bit for bit.
+  # Top-K routing by the sonic_jax.triton kernels: the same plan, bit for bit.
   if impl != "xla":
     from sonic_jax import triton as triton_routing
     impl = triton_routing.resolve_route_impl(impl)
     if impl != "xla" and rounding is None:
       return triton_routing.route_logits(logits, top_k=top_k, renormalize=renormalize,
                                          impl=impl)
-  # --- end hook
   num_tokens, num_experts = logits.shape
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   top_p, top_e = jax.lax.top_k(probs, top_k)

@@ -66,6 +66,7 @@ from sonic_jax.kernels import ExpertKernels
 from sonic_jax.nn import LOGICAL_AXES, MoE
 from sonic_jax.routing import (RoutingPlan, TokenRounding, route_logits, router_logits,
                                validate_router_args, validate_routing_args)
+from sonic_jax.xla_backend import XlaKernels
 
 
 def _axes_tuple(axis) -> tuple[str, ...]:
@@ -415,8 +416,8 @@ def _ragged_all_to_all(operand: jax.Array, output: jax.Array, input_offsets: jax
                        *, axis: str, max_size: int, native: bool) -> jax.Array:
   """``jax.lax.ragged_all_to_all`` with one slice per device (offsets/sizes have shape (X,)).
 
-  With ``native=False`` (for XLA:CPU, which lacks the collective) the same result is computed from a dense
-  ``all_to_all`` of an (X, max_size, ...) staging buffer: every slice holds at most
+  With ``native=False`` (for XLA:CPU, which lacks the collective) the same result is computed
+  from a dense ``all_to_all`` of an (X, max_size, ...) staging buffer: every slice holds at most
   ``max_size`` rows. Both are linear in (operand, output), so autodiff works either way.
   """
   if native:
@@ -460,12 +461,10 @@ def _expert_parallel_ragged(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: 
   send_x = x[plan.gather_idx]  # (P, d) in grouped order; only the sent runs are read
   send_exp = plan.expert_ids[flat] % local_experts
   send_score = plan.scores[flat]
-  exchange = lambda a, fill: _ragged_all_to_all(  # noqa: E731
-      a, jnp.full((rows, *a.shape[1:]), fill, a.dtype), starts, counts, packed[me],
-      recv_sizes, axis=axis, max_size=c, native=native)
-  recv_x = exchange(send_x, 0)
-  recv_exp = exchange(send_exp, 0)
-  recv_score = exchange(send_score, 0)
+  exchange = lambda a: _ragged_all_to_all(  # noqa: E731
+      a, jnp.zeros((rows, *a.shape[1:]), a.dtype), starts, counts, packed[me], recv_sizes,
+      axis=axis, max_size=c, native=native)
+  recv_x, recv_exp, recv_score = exchange(send_x), exchange(send_exp), exchange(send_score)
   n_valid = jnp.sum(recv_sizes, dtype=jnp.int32)
   row = jnp.arange(rows, dtype=jnp.int32)
   local_plan = RoutingPlan.from_assignments(row, recv_exp, recv_score, num_tokens=rows,
@@ -475,8 +474,8 @@ def _expert_parallel_ragged(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: 
   back = _ragged_all_to_all(y, jnp.zeros((send_x.shape[0], y.shape[1]), y.dtype), recv_offsets,
                             recv_sizes, all_starts[:, me], counts, axis=axis, max_size=c,
                             native=native)
-  out = jnp.zeros(x.shape, jnp.float32).at[plan.gather_idx].add(back.astype(jnp.float32))
-  return out.astype(x.dtype)
+  # The unweighted combine (scores were applied on the receiver) sums each token's rows.
+  return XlaKernels().combine(back, plan, None, x.dtype)
 
 
 def shard_moe_layers(model: nnx.Module, sharding: MoESharding | None) -> int:

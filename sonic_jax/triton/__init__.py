@@ -77,10 +77,15 @@ ROUTE_IMPLS = ("xla", "auto") + IMPLS
 AUTO_ROUTE_ORDER: tuple[str, ...] = ("jax_triton", "pallas_triton", "xla")
 
 
+def validate_route_impl(impl, arg: str = "impl") -> None:
+  """Raises ValueError naming ``arg`` unless ``impl`` is one of ROUTE_IMPLS."""
+  if impl not in ROUTE_IMPLS:
+    raise ValueError(f"{arg} must be one of {ROUTE_IMPLS}, got {impl!r}")
+
+
 def resolve_route_impl(impl) -> str:
   """"auto" -> the first entry of AUTO_ROUTE_ORDER that runs on the default device."""
-  if impl not in ROUTE_IMPLS:
-    raise ValueError(f"impl must be one of {ROUTE_IMPLS}, got {impl!r}")
+  validate_route_impl(impl)
   if impl != "auto":
     return impl
   for candidate in AUTO_ROUTE_ORDER:
@@ -98,7 +103,8 @@ from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  #
                                        route_logits, routing_metadata)
 from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
-__all__ = ["IMPLS", "ROUTE_IMPLS", "AUTO_ROUTE_ORDER", "resolve_route_impl", "TopKConfig",
+__all__ = ["IMPLS", "ROUTE_IMPLS", "AUTO_ROUTE_ORDER", "resolve_route_impl",
+           "validate_route_impl", "TopKConfig",
            "MetadataConfig", "CombineConfig", "topk_softmax", "routing_metadata",
            "plan_from_assignments", "route_logits", "combine", "jax_triton_unavailable_reason",
            "pallas_triton_unavailable_reason"]
