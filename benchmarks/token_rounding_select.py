@@ -2,7 +2,7 @@
 
   python benchmarks/token_rounding_select.py [--out benchmarks/results/NAME.md]
 
-Both give the same (T, E) keep mask (checked here); wall-clock medians on the default device.
+Both give the same (T, E) keep mask (checked here); medians on the default device.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
+from sonic_jax.bench import timing
 from sonic_jax.routing import select_top_per_column
 
 
@@ -40,30 +39,28 @@ def main(argv=None) -> int:
     t, e = (int(v) for v in shape.split("x"))
     v = jax.random.normal(jax.random.key(0), (t, e))
     c = jax.random.randint(jax.random.key(1), (e,), 0, min(t, 16 * t // e) + 1)
-    times = {}
-    for name, fn in (("argsort", jax.jit(argsort_select)),
-                     ("bisection", jax.jit(select_top_per_column))):
-      fn(v, c).block_until_ready()
-      samples = []
-      for _ in range(args.iters):
-        t0 = time.perf_counter()
-        fn(v, c).block_until_ready()
-        samples.append(time.perf_counter() - t0)
-      times[name] = statistics.median(samples) * 1e3
+    times, timers = {}, set()
+    for name, fn in (("argsort", argsort_select), ("bisection", select_top_per_column)):
+      c_fn = timing.compile_fn(fn, (v, c))
+      jax.block_until_ready(c_fn.fn(v, c))
+      tm = timing.time_compiled(c_fn, (v, c), warmup=0, iters=args.iters, wall_too=False)
+      times[name] = tm.median_ms
+      timers.add(tm.timer)
     same = bool(jnp.all(jax.jit(argsort_select)(v, c) == select_top_per_column(v, c)))
-    rows.append((t, e, times["argsort"], times["bisection"], same))
+    rows.append((t, e, times["argsort"], times["bisection"], same, "/".join(sorted(timers))))
   dev = jax.devices()[0]
   lines = [f"# Token-rounding selection: argsort vs bisection ({dev.device_kind})", "",
            f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
            f"jax {jax.__version__}; Python {platform.python_version()}; "
            f"platform {dev.platform}",
            f"- Command: `python {' '.join(sys.argv)}`",
-           f"- Wall-clock median of {args.iters} calls after one warm-up; random N(0,1) values, "
-           "random per-expert counts.", "",
-           "| T | E | argsort ms | bisection ms | speedup | same mask |",
-           "| ---: | ---: | ---: | ---: | ---: | :---: |"]
-  lines += [f"| {t} | {e} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {'yes' if s else 'NO'} |"
-            for t, e, a, b, s in rows]
+           f"- Median of {args.iters} calls after one warm-up (sonic_jax.bench.timing: CUPTI "
+           "kernel time on a GPU, wall clock elsewhere); random N(0,1) values, random "
+           "per-expert counts.", "",
+           "| T | E | argsort ms | bisection ms | speedup | same mask | timer |",
+           "| ---: | ---: | ---: | ---: | ---: | :---: | --- |"]
+  lines += [f"| {t} | {e} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {'yes' if s else 'NO'} | {tm} |"
+            for t, e, a, b, s, tm in rows]
   text = "\n".join(lines) + "\n"
   print(text)
   if args.out:
