@@ -2,14 +2,13 @@
 
 The configs are compiled into libsonic_jax_cuda.so (csrc/grouped_gemm.cuh); ``GemmConfig``
 mirrors sonic::GemmConfig in csrc/sonic_ffi.h. ``pick`` returns the measured best config for a
-(kind, N, K) shape when the H200 sweep covered it (benchmarks/ffi_gemms.py --sweep, results in
-benchmarks/results/ffi-h200-2026-12-02-s2.md), else the kind's default (its best over the sweep).
+(kind, N, K) shape when the H200 sweep covered it (``python -m sonic_jax.ffi.sweep``, results
+in benchmarks/results/ffi-h200-2026-12-02-s2.md), else the kind's default (its best over the sweep).
 """
 
 from __future__ import annotations
 
 import enum
-
 
 
 class GemmKind(enum.IntEnum):
