@@ -14,7 +14,7 @@ from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
 def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int,
         renormalize: bool = True, routing: str | TokenRounding = "topk",
-        backend: str | ExpertKernels = "auto", routing_impl: str = "xla") -> jax.Array:
+        backend: str | ExpertKernels = "auto", routing_impl: str = "auto") -> jax.Array:
   """SwiGLU mixture-of-experts layer.
 
   Args:
@@ -26,9 +26,10 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
       SonicMoE default); False keeps the raw probabilities (OLMoE / Qwen3 style).
     routing: "topk", "token_rounding" (tile 128, nearest) or a ``TokenRounding`` config.
     backend: "auto" | "xla" | "pallas" | "ffi" (or an ExpertKernels instance).
-    routing_impl: who computes top-K routing and the plan: "xla" (default), "pallas_triton",
-      "jax_triton" (needs the ``triton`` extra) or "auto" (the fastest measured that runs
-      here; see docs/triton.md). Token rounding always routes with "xla".
+    routing_impl: who computes top-K routing and the plan: "auto" (default: the fastest
+      measured that runs here, see docs/triton.md; "xla" on CPUs), "xla", "pallas_triton" or
+      "jax_triton" (needs the ``triton`` extra). Every choice gives the same plan; token
+      rounding always routes with "xla".
   Returns:
     (T, d) in x.dtype: out_t = Σ_k s_tk · (silu(x_t W1g_e) ⊙ x_t W1u_e) · W2_e.
   """

@@ -27,6 +27,7 @@ from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.routing import (TokenRounding, load_balancing_loss, route_logits, router_logits,
                                validate_routing_args)
+from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
 LOGICAL_AXES = {
     "router": ("embed", "expert"),
@@ -38,7 +39,7 @@ Dtype = Any
 
 
 def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef,
-                  sharding=None):
+                  sharding=None, routing_impl="auto"):
   for name, v in (("d_model", d_model), ("d_ff", d_ff), ("num_experts", num_experts)):
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -46,6 +47,7 @@ def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_
     raise ValueError(f"top_k must satisfy 1 <= top_k <= num_experts ({num_experts}), got {top_k}")
   validate_routing_args(jnp.zeros((1, num_experts)), top_k, routing)
   validate_backend_name(backend)
+  validate_route_impl(routing_impl, "routing_impl")
   if aux_loss_coef < 0:
     raise ValueError(f"aux_loss_coef must be >= 0, got {aux_loss_coef}")
   if sharding is not None:
@@ -56,7 +58,7 @@ def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_
 
 
 def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, eval_routing,
-           sharding=None):
+           sharding=None, routing_impl="auto"):
   """Shared forward of both modules: x (..., d) -> (out (..., d), aux loss scalar).
 
   With ``sharding`` the layer runs on its mesh and the aux loss is the global one.
@@ -71,10 +73,11 @@ def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, 
     from sonic_jax.sharding import sharded_moe  # sharding.py imports this module
     out, aux = sharded_moe(xt, router_w, w1, w2, sharding=sharding, top_k=top_k,
                            renormalize=renormalize, routing=routing, backend=backend,
-                           return_aux_loss=True)
+                           routing_impl=routing_impl, return_aux_loss=True)
   else:
     logits = router_logits(xt, router_w)
-    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing)
+    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing,
+                        impl=routing_impl)
     out = moe_experts(xt, plan, w1, w2, backend=backend)
     aux = load_balancing_loss(logits, plan)
   return out.reshape(*x.shape[:-1], d), aux
@@ -86,7 +89,8 @@ class MoE(nnx.Module):
   Args:
     d_model: model dim d.  d_ff: expert intermediate dim n.  num_experts: E.  top_k: K.
     rngs: nnx.Rngs for init.  param_dtype: storage dtype of params.  dtype: compute dtype
-      (bf16 recommended on GPUs).  renormalize / routing / backend: as ``sonic_jax.moe``.
+      (bf16 recommended on GPUs).  renormalize / routing / backend / routing_impl: as
+      ``sonic_jax.moe``.
     eval_topk: when True and the module is in eval mode (``model.eval()``), token rounding falls
       back to plain top-K (rounding is a training-time optimization).
     aux_loss_coef: weight of the sown load-balancing loss (0 disables it).
@@ -99,8 +103,10 @@ class MoE(nnx.Module):
                param_dtype: Dtype = jnp.float32, dtype: Dtype = jnp.float32,
                renormalize: bool = True, routing: str | TokenRounding = "topk",
                backend: str | ExpertKernels = "auto", aux_loss_coef: float = 0.0,
-               eval_topk: bool = True, init_std: float = 0.02, sharding=None):
-    _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef, sharding)
+               eval_topk: bool = True, init_std: float = 0.02, sharding=None,
+               routing_impl: str = "auto"):
+    _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_coef, sharding,
+                  routing_impl)
     init = nnx.initializers.normal(init_std)
     # Shard eagerly only inside a mesh context; otherwise keep the logical axes as metadata.
     eager = not jax.sharding.get_abstract_mesh().empty
@@ -116,13 +122,14 @@ class MoE(nnx.Module):
     self.backend, self.dtype, self.aux_loss_coef = backend, dtype, aux_loss_coef
     self.eval_topk = eval_topk
     self.sharding = sharding
+    self.routing_impl = routing_impl
     self.deterministic = False
 
   def __call__(self, x: jax.Array, *, return_aux_loss: bool = False):
     out, aux = _apply(x, self.router[...], self.w1[...], self.w2[...], top_k=self.top_k,
                       renormalize=self.renormalize, routing=self.routing, backend=self.backend,
                       dtype=self.dtype, eval_routing=self.eval_topk and self.deterministic,
-                      sharding=self.sharding)
+                      sharding=self.sharding, routing_impl=self.routing_impl)
     aux = self.aux_loss_coef * aux
     if return_aux_loss:
       return out, aux
@@ -150,11 +157,12 @@ class MoELinen(linen.Module):
   eval_topk: bool = True
   init_std: float = 0.02
   sharding: Any = None  # a sonic_jax.sharding.MoESharding to run on a mesh
+  routing_impl: str = "auto"
 
   @linen.compact
   def __call__(self, x: jax.Array, deterministic: bool = False, return_aux_loss: bool = False):
     _check_config(self.d_model, self.d_ff, self.num_experts, self.top_k, self.routing,
-                  self.backend, self.aux_loss_coef, self.sharding)
+                  self.backend, self.aux_loss_coef, self.sharding, self.routing_impl)
     init = linen.initializers.normal(self.init_std)
 
     def param(name, shape):
@@ -166,7 +174,8 @@ class MoELinen(linen.Module):
     w2 = param("w2", (self.num_experts, self.d_ff, self.d_model))
     out, aux = _apply(x, router, w1, w2, top_k=self.top_k, renormalize=self.renormalize,
                       routing=self.routing, backend=self.backend, dtype=self.dtype,
-                      eval_routing=self.eval_topk and deterministic, sharding=self.sharding)
+                      eval_routing=self.eval_topk and deterministic, sharding=self.sharding,
+                      routing_impl=self.routing_impl)
     aux = self.aux_loss_coef * aux
     if return_aux_loss:
       return out, aux

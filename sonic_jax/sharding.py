@@ -66,6 +66,7 @@ from sonic_jax.kernels import ExpertKernels
 from sonic_jax.nn import LOGICAL_AXES, MoE
 from sonic_jax.routing import (RoutingPlan, TokenRounding, route_logits, router_logits,
                                validate_router_args, validate_routing_args)
+from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 from sonic_jax.xla_backend import XlaKernels
 
 
@@ -243,7 +244,7 @@ def _explicit(mesh: Mesh) -> bool:
 def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *,
                 sharding: MoESharding, top_k: int, renormalize: bool = True,
                 routing: str | TokenRounding = "topk",
-                backend: str | ExpertKernels = "auto",
+                backend: str | ExpertKernels = "auto", routing_impl: str = "auto",
                 return_aux_loss: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
   """``sonic_jax.moe`` on a device mesh (data parallel, FSDP and/or expert parallel).
 
@@ -252,7 +253,8 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
     router_w: (d, E), ``sharding.router_spec``.
     w1: (E, d, 2n) gate | up, ``sharding.w1_spec``; w2: (E, n, d), ``sharding.w2_spec``.
     sharding: the ``MoESharding`` (mesh and axis roles).
-    top_k, renormalize, routing, backend: as ``sonic_jax.moe``; routing runs per token shard.
+    top_k, renormalize, routing, backend, routing_impl: as ``sonic_jax.moe``; routing runs per
+      token shard.
     return_aux_loss: also return the load-balancing loss of all T tokens (fp32 scalar,
       replicated), equal to ``load_balancing_loss`` on the global logits and group sizes.
   Returns:
@@ -263,6 +265,7 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
                      f"{type(sharding).__name__}")
   validate_router_args(x, router_w)
   validate_backend_name(backend)
+  validate_route_impl(routing_impl, "routing_impl")
   t, d = x.shape
   e = router_w.shape[1]
   for name, arr in (("w1", w1), ("w2", w2)):
@@ -295,7 +298,8 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
     if cfg.expert_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
     logits = router_logits(x, router_w)
-    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing)
+    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing,
+                        impl=routing_impl)
     if cfg.expert_axis is None:
       out = moe_experts(x, plan, w1, w2, backend=backend)
     else:
@@ -323,17 +327,20 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
 
 def expert_parallel_dropped(x: jax.Array, router_w: jax.Array, *, sharding: MoESharding,
                             top_k: int, renormalize: bool = True,
-                            routing: str | TokenRounding = "topk") -> jax.Array:
+                            routing: str | TokenRounding = "topk",
+                            routing_impl: str = "auto") -> jax.Array:
   """Number of (token, expert) pairs ``sharded_moe`` would drop for these inputs (int32 scalar).
 
   Routes like ``sharded_moe`` (per token shard) and counts, over all devices, the pairs that do
   not fit the expert-parallel capacity C (see ``expert_parallel_capacity``). Always 0 without an
-  expert axis or with the dropless default. For choosing ``capacity_factor``.
+  expert axis or with the dropless default. For choosing ``capacity_factor``. routing_impl: as
+  ``sharded_moe`` (every choice makes the same plan).
   """
   validate_router_args(x, router_w)
   t, d = x.shape
   e = router_w.shape[1]
   validate_routing_args(np.zeros((1, e), np.float32), top_k, routing)
+  validate_route_impl(routing_impl, "routing_impl")
   sharding.validate(t, d, e)
   cfg = sharding
   if cfg.expert_axis is None:
@@ -350,7 +357,7 @@ def expert_parallel_dropped(x: jax.Array, router_w: jax.Array, *, sharding: MoES
       router_w = jax.lax.all_gather(router_w, cfg.fsdp_axis, axis=0, tiled=True)
     router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
     plan = route_logits(router_logits(x, router_w), top_k=top_k, renormalize=renormalize,
-                        routing=routing)
+                        routing=routing, impl=routing_impl)
     bounds = plan.group_offsets[::e // x_size]
     dropped = jnp.sum(jnp.maximum(bounds[1:] - bounds[:-1] - cap, 0), dtype=jnp.int32)
     return jax.lax.psum(dropped, cfg.token_axes)

@@ -208,6 +208,32 @@ def test_pallas_interpret_check_and_timing():
   assert row["check"]["ok"], row["check"]
 
 
+def test_check_only_run_is_merged_into_the_timed_row(tmp_path):
+  """--check-only runs the checks and no timing; merge adds its check to the timed row of an
+  earlier run (a full run split over device calls)."""
+  from sonic_jax.bench import merge
+  out = tmp_path / "r"
+  common = ["--configs", SMOKE, "--backends", "xla", "--baselines", "mgpu-grouped",
+            "--out-dir", str(out), "--no-plots", "--quiet"]
+  assert cli.main(common + ["--no-check", "--iters", "1", "--warmup", "0", "--modes", "fwd",
+                            "--tag", "timed"]) == 0
+  assert cli.main(common + ["--check-only", "--tag", "checks"]) == 0
+  (timed,) = out.glob("*-timed.json")
+  (checks,) = out.glob("*-checks.json")
+  doc = json.loads(checks.read_text())
+  rows = {r["impl"]: r for r in doc["results"]}
+  assert rows["xla"]["status"] == "check-only" and rows["xla"]["modes"] == {}
+  assert rows["xla"]["check"] == {"ok": True, "reason": "reference"}
+  assert rows["mgpu-grouped"]["status"] == "skipped"  # nothing runs where it cannot
+  merged = merge.merge([(str(timed), json.loads(timed.read_text())), (str(checks), doc)])
+  rows = {r["impl"]: r for r in merged["results"]}
+  assert rows["xla"]["status"] == "ok" and rows["xla"]["modes"]["fwd"]["ms"] > 0
+  assert rows["xla"]["check"]["ok"] and rows["xla"]["check_source"] == checks.name
+  assert rows["xla"]["source"] == timed.name
+  with pytest.raises(SystemExit):
+    cli.main(common + ["--check-only", "--no-check"])
+
+
 def _fake_gpu_doc():
   """A results document shaped like a GPU run (numbers are made up for rendering only)."""
   cfg = configs.parse_configs("paper-7B-n256")[0]

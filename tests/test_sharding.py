@@ -381,6 +381,8 @@ def _bad(cfg_kw=None, sizes=None, **shape_kw):
     (lambda: _bad(dict(fsdp_axis="fsdp", data_axis=None), dict(fsdp=8), d=36),
      r"d_model = 36 must be divisible by the size 8 of fsdp_axis"),
     (lambda: sharded_moe(*_unsharded_reference()[0], sharding=None, top_k=K), "MoESharding"),
+    (lambda: sharded_moe(*_unsharded_reference()[0], sharding=MoESharding(_mesh(dict(data=8))),
+                         top_k=K, routing_impl="cuda"), "routing_impl must be one of"),
 ])
 def test_bad_input_raises(make, match):
   with pytest.raises(ValueError, match=match):

@@ -62,6 +62,8 @@ def test_module_rejects_bad_config():
     MoE(8, 4, 4, 5, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="d_ff"):
     MoE(8, 0, 4, 2, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="routing_impl must be one of"):
+    MoE(8, 4, 4, 2, rngs=nnx.Rngs(0), routing_impl="cuda")
   m = MoE(8, 4, 4, 2, rngs=nnx.Rngs(0), backend="xla")
   with pytest.raises(ValueError, match="last dimension d_model"):
     m(jnp.ones((3, 5)))

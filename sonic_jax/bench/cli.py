@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--bwd-direct", action="store_true",
                   help="time the backward alone (default: (fwd+bwd) - fwd, like the paper)")
   ap.add_argument("--no-check", action="store_true", help="skip the checks against xla")
+  ap.add_argument("--check-only", action="store_true",
+                  help="only the checks against xla, no timing (merge adds them to timed rows)")
   ap.add_argument("--check-budget-gib", type=float, default=2.0,
                   help="GPU memory the xla reference may densify into for the check")
   ap.add_argument("--check-tol", type=float, default=3e-2)
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                    bwd_direct=args.bwd_direct, check=not args.no_check,
                    check_budget_gib=args.check_budget_gib, check_tol=args.check_tol,
                    dense_ref_budget_gib=args.dense_ref_budget_gib,
-                   time_budget_s=args.time_budget_s, seed=args.seed)
+                   time_budget_s=args.time_budget_s, seed=args.seed,
+                   check_only=args.check_only)
     impls = resolve_impls(args.backends, args.baselines)
   except ValueError as e:
     ap.error(str(e))

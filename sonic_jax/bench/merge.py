@@ -5,7 +5,8 @@ split over calls (``--backends ... --baselines none`` in one, ``--backends none 
 ...`` in another). ``python -m sonic_jax.bench.merge OUT.json RUN1.json RUN2.json ...`` keeps,
 for every (config, impl), the row of the LAST run that measured it (status ok/partial; else the
 last run's row), marks each row with the file it came from, and records the sources in
-``meta["merged_from"]`` (``sonic_jax.bench.readme`` then shows only the merged document).
+``meta["merged_from"]`` (``sonic_jax.bench.readme`` then shows only the merged document). A
+``--check-only`` run's check is added to the row it checks (``check_source`` names its file).
 Runs must share routing and device.
 """
 
@@ -17,6 +18,7 @@ import json
 import os
 
 from sonic_jax.bench import report
+from sonic_jax.bench.runner import CHECK_ONLY
 
 _MEASURED = ("ok", "partial")
 
@@ -38,7 +40,10 @@ def merge(docs: list[tuple[str, dict]]) -> dict:
       key = (row["config"], row["impl"])
       row = dict(row, source=os.path.basename(path))
       old = rows.get(key)
-      if old is None or row["status"] in _MEASURED or old["status"] not in _MEASURED:
+      if row["status"] == CHECK_ONLY and old is not None:
+        if (row.get("check") or {}).get("ok") is not None:  # ran (passed or failed)
+          rows[key] = dict(old, check=row["check"], check_source=row["source"])
+      elif old is None or row["status"] in _MEASURED or old["status"] not in _MEASURED:
         rows[key] = row
   newest = copy.deepcopy(docs[-1][1]["meta"])
   newest["merged_from"] = [

@@ -36,6 +36,9 @@ MODES = ("fwd", "bwd", "fwdbwd")
 PASS_WEIGHTS = (60, 8, 20, 4, 8)
 
 
+CHECK_ONLY = "check-only"  # row status of a --check-only run: checked, not timed
+
+
 @dataclasses.dataclass
 class Options:
   warmup: int = 3
@@ -49,11 +52,14 @@ class Options:
   dense_ref_budget_gib: float = 8.0
   time_budget_s: float | None = None
   seed: int = 0
+  check_only: bool = False       # run only the checks (rows say "check-only"; merge adds them)
 
   def __post_init__(self):
     bad = [m for m in self.modes if m not in MODES]
     if bad or not self.modes:
       raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
+    if self.check_only and not self.check:
+      raise ValueError("check_only needs the checks on (drop --no-check)")
     if self.iters < 1 or self.warmup < 0:
       raise ValueError(f"iters must be >= 1 and warmup >= 0, got {self.iters}, {self.warmup}")
 
@@ -207,7 +213,8 @@ class Runner:
                                      else None)}
         self.rows[(cfg.name, impl.name)] = row
         self.doc["results"].append(row)
-    self.total_jobs = len(self.rows) + (len(self.rows) if opts.check else 0)
+    self.total_jobs = (0 if opts.check_only else len(self.rows)) + (
+        len(self.rows) if opts.check else 0)
     self.jobs_done = 0
 
   # ---------------------------------------------------------------- bookkeeping
@@ -240,13 +247,17 @@ class Runner:
     # With a time budget every pass may run until its share of it is spent (time a pass leaves
     # unused goes to the next), so a slow pass cannot starve the baselines entirely.
     check = self.opts.check
+    timed = not self.opts.check_only
     passes = [
-        (primary, self._measure_jax),
+        (primary if timed else [], self._measure_jax),
         ([i for i in primary if i.checkable] if check else [], self._check),
-        (jax_baselines, self._measure_jax),
+        (jax_baselines if timed else [], self._measure_jax),
         ([i for i in jax_baselines if i.checkable] if check else [], self._check),
-        (torch_baselines, self._measure_torch),
+        (torch_baselines if timed else [], self._measure_torch),
     ]
+    if not timed:
+      for row in self.doc["results"]:
+        row["status"] = CHECK_ONLY
     active = [w if impls else 0 for (impls, _), w in zip(passes, PASS_WEIGHTS)]
     total, done = max(sum(active), 1), 0
     for (impls, fn), w in zip(passes, active):
@@ -276,7 +287,7 @@ class Runner:
         if reason:
           row["status"], row["reason"] = "skipped", reason
           continue
-        if is_check and row["status"] not in ("ok", "partial"):
+        if is_check and row["status"] not in ("ok", "partial", CHECK_ONLY):
           continue
         todo.append(impl)
       if not todo:

@@ -52,6 +52,16 @@ def _gpu_reason() -> str | None:
   return None
 
 
+def sequential(call):
+  """``call`` (arrays -> arrays) with a batching rule that runs it once per batch element.
+
+  jax-triton's primitive has no batching rule, and the Pallas-Triton kernels index their refs by
+  hand (a widened grid would not be the same kernel), so every launch goes through this: the
+  routing works under ``jax.vmap`` (as a loop) with either implementation.
+  """
+  return jax.custom_batching.sequential_vmap(call)
+
+
 def validate_impl(impl) -> None:
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -103,7 +113,7 @@ from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  #
                                        route_logits, routing_metadata)
 from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
-__all__ = ["IMPLS", "ROUTE_IMPLS", "AUTO_ROUTE_ORDER", "resolve_route_impl",
+__all__ = ["IMPLS", "ROUTE_IMPLS", "sequential", "AUTO_ROUTE_ORDER", "resolve_route_impl",
            "validate_route_impl", "TopKConfig",
            "MetadataConfig", "CombineConfig", "topk_softmax", "routing_metadata",
            "plan_from_assignments", "route_logits", "combine", "jax_triton_unavailable_reason",
