@@ -19,8 +19,10 @@
 # Knobs (environment): BENCH_TOTAL_S (default 470: seconds for everything), WHEELS_DIR
 # ("installed": the caller already installed them into /tmp/site),
 # BUILD_FFI (auto|0|1; auto = build csrc/ when the library is missing and nvcc exists),
-# FFI_BUILD_S (default 240), RESULTS_DIR (default benchmarks/results), BENCH_ARGS (extra
-# arguments for python -m sonic_jax.bench; later options override earlier ones).
+# FFI_BUILD_S (default 240), RESULTS_DIR (default benchmarks/results; $OUT keeps the JSON even
+# when the device call is cut short), BENCH_ARGS (extra arguments for python -m sonic_jax.bench;
+# later options override earlier ones), ISOLATE (default 1; 0 runs every implementation in one
+# process, so the checks of several backends share each xla reference).
 # A prebuilt libsonic_jax_cuda.so carried as sonic_jax/ffi/libsonic_jax_cuda.so skips the build.
 set -uo pipefail
 T0=$(date +%s)
@@ -97,7 +99,8 @@ for name in ("pallas", "ffi"):
     print(f"  {name}: {e}")
 PY
 timeout --signal=TERM --kill-after=10 $(( LEFT + 60 )) \
-  $PY -m sonic_jax.bench --configs all 4096,1024,512,16,2 --backends auto --baselines all --isolate \
+  $PY -m sonic_jax.bench --configs all 4096,1024,512,16,2 --backends auto --baselines all \
+    $([ "${ISOLATE:-1}" = 0 ] || echo --isolate) \
     --warmup 2 --iters 10 --time-budget-s "$LEFT" --out-dir "$RESULTS" ${BENCH_ARGS:-}
 rc=$?
 JSON=$(ls -t "$RESULTS"/bench-*.json 2>/dev/null | head -n 1)

@@ -402,3 +402,18 @@ def test_gpu_default_routing_is_auto_and_matches_xla(backend):
   ref_vm = jnp.stack([sonic_jax.moe(xb, *args[1:], top_k=4, backend=backend,
                                     routing_impl="xla") for xb in x])
   assert rel_err(vm, ref_vm) < 1e-3
+
+
+def test_bench_cpu_smoke(tmp_path, capsys):
+  """The GPU timing script runs end to end on the CPU (xla variants, wall clock) and checks."""
+  import json
+  from sonic_jax.triton import bench
+  bench.main(["--out", str(tmp_path), "--cpu-smoke", "--iters", "2"])
+  doc = json.loads((tmp_path / "triton-bench.json").read_text())
+  rows = {(r["kind"], r.get("piece", r.get("config")), r["impl"]): r for r in doc["rows"]}
+  full = rows[("routing", "full", "xla")]
+  assert full["check"] == "exact" and full["ms"] > 0
+  comb = rows[("combine", "", "xla")]
+  assert comb["rel_err"] == 0.0 and comb["TBps"] > 0
+  assert doc["env"]["copy_TBps"] > 0
+  assert "copy bandwidth" in capsys.readouterr().out

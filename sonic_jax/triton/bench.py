@@ -2,8 +2,8 @@
 
   python -m sonic_jax.triton.bench --out DIR
 
-Times with CUPTI (jax.experimental.mosaic.gpu.profiler.measure: sum of kernel times per call),
-after warm-up, median of --iters; random data. Checks each variant against the xla path before
+Times with sonic_jax.bench.timing (on a GPU: CUPTI, the sum of kernel times per call; elsewhere
+the wall clock), after warm-up, median of --iters; random data. Checks each variant against the xla path before
 timing it (metadata bit-exact, combine by relative error). Writes DIR/triton-bench.json and
 prints a table last.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -23,6 +22,7 @@ import numpy as np
 
 from sonic_jax import routing
 from sonic_jax import triton as tri
+from sonic_jax.bench.timing import compile_fn, on_gpu, time_compiled
 from sonic_jax.routing import RoutingPlan
 
 ROUTING_CONFIGS = [(32768, 128, 8), (32768, 128, 16), (32768, 256, 8), (32768, 256, 16),
@@ -34,27 +34,13 @@ _FIELDS = ("group_sizes", "group_offsets", "gather_idx", "scatter_idx", "reverse
 
 
 def _time(fn, args, iters, warmup=3):
-  from jax.experimental.mosaic.gpu import profiler
-  compiled = jax.jit(fn).lower(*args).compile()
-  for _ in range(warmup):
-    jax.block_until_ready(compiled(*args))
-  samples = []
-  while len(samples) < iters:
-    out, t = profiler.measure(compiled, iterations=min(10, iters - len(samples)))(*args)
-    del out
-    samples += list(t) if isinstance(t, list) else [t]
-  return statistics.median(samples), min(samples), max(samples)
-
-
-def _wall_time(fn, args, iters, warmup=1):
-  compiled = jax.jit(fn).lower(*args).compile()
-  jax.block_until_ready(compiled(*args))
-  samples = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    samples.append((time.perf_counter() - t0) * 1e3)
-  return statistics.median(samples), min(samples), max(samples)
+  """(median, min, max) ms: sonic_jax.bench.timing (CUPTI kernel sum on a GPU, else wall)."""
+  c = compile_fn(fn, args)
+  jax.block_until_ready(c.fn(*args))
+  t = time_compiled(c, args, warmup=warmup, iters=iters, wall_too=False)
+  if t.timer != "cupti" and on_gpu():
+    raise RuntimeError(f"no GPU-side timing: {t.note}")
+  return t.median_ms, min(t.samples_ms), max(t.samples_ms)
 
 
 def _rel(a, b):
@@ -224,9 +210,7 @@ def main(argv=None):
   TOPK_SWEEP = args.topk_sweep
   TIME_XLA = not args.no_xla
   if args.cpu_smoke:
-    global _time
     ROUTING_CONFIGS, COMBINE_CONFIGS = [(64, 12, 3)], [(64, 12, 3, 64)]
-    _time = _wall_time
   import os
   os.makedirs(args.out, exist_ok=True)
   env = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

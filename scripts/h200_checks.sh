@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call for what is not the layer benchmark (~10 minutes), logs under $OUT:
+#   1. the Triton GPU tests (routing kernels, combine, the layer's default routing_impl="auto"
+#      with gradients, in the Flax module and under vmap);
+#   2. examples/train_sharded.py on the GPU (ffi backend with --check, then pallas): tokens/s;
+#   3. python -m sonic_jax.triton.bench (routing / metadata / combine, every implementation);
+#   4. benchmarks/token_rounding_select.py (token rounding's selection step on the GPU);
+#   5. benchmarks/run_h200.sh with the time left (BENCH_ARGS picks what it runs).
+#   run(command="bash scripts/h200_checks.sh", carry=[".gpu_wheels",
+#       "sonic_jax/ffi/libsonic_jax_cuda.so"], timeout_s=600)
+# .gpu_wheels holds the wheels to install (e.g. jax-triton and the PyTorch SonicMoE group).
+# Knobs: TOTAL_S (default 575), TRITON_TEST_S, TRAIN_FFI_S, TRAIN_PALLAS_S, TRITON_BENCH_S,
+# SELECT_S, BENCH_ARGS.
+set -uo pipefail
+T0=$(date +%s)
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+OUT=${OUT:-$PWD/checks_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+since() { echo $(( $(date +%s) - T0 )); }
+if compgen -G ".gpu_wheels/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      .gpu_wheels/*.whl || echo "warning: wheel install failed"
+  export PYTHONPATH=$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages
+fi
+echo "== [$(since) s] Triton GPU tests"
+timeout "${TRITON_TEST_S:-150}" $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_triton.py \
+  2>&1 | tee "$OUT/triton-gpu-tests.log" | tail -n 8
+TRAIN="examples/train_sharded.py --steps 30 --batch 32 --seq-len 512 --d-model 1024 --d-ff 512
+  --experts 32 --top-k 4 --layers 2"
+echo "== [$(since) s] train_sharded.py on the GPU, ffi backend, with --check"
+timeout "${TRAIN_FFI_S:-70}" $PY $TRAIN --backend ffi --check 2>&1 \
+  | tee "$OUT/train-sharded-ffi.log" | tail -n 5
+echo "== [$(since) s] Triton routing / combine benchmark"
+timeout "${TRITON_BENCH_S:-200}" $PY -m sonic_jax.triton.bench --out "$OUT/triton" --iters 10 \
+  2>&1 | tail -n 70 | tee "$OUT/triton-bench.txt" | tail -n 45
+echo "== [$(since) s] token-rounding selection: argsort vs bisection"
+timeout "${SELECT_S:-40}" $PY benchmarks/token_rounding_select.py \
+  --out "$OUT/token-rounding-select-h200.md" 2>&1 | tail -n 6
+echo "== [$(since) s] train_sharded.py on the GPU, pallas backend"
+timeout "${TRAIN_PALLAS_S:-80}" $PY $TRAIN --backend pallas 2>&1 \
+  | tee "$OUT/train-sharded-pallas.log" | tail -n 4
+LEFT=$(( ${TOTAL_S:-575} - $(since) ))
+echo "== [$(since) s] benchmark with $LEFT s left"
+WHEELS_DIR=installed BENCH_TOTAL_S=$LEFT BUILD_FFI=0 RESULTS_DIR="$OUT" bash benchmarks/run_h200.sh
