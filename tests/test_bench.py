@@ -266,7 +266,7 @@ def test_gpu_shaped_results_render(tmp_path):
   sec = readme.section(readme.select(readme.load_results(str(tmp_path))),
                        str(tmp_path / "README.md"))
   assert "NVIDIA H200" in sec and "paper H100 SonicMoE" in sec
-  assert "| paper-7B-n256 | 24576, 1536, 256, 128, 8 | 300 / 310 | 300 / 310 ✗ |" in sec
+  assert "| paper-7B-n256 | 24576, 1536, 256, 128, 8 | 300 / 310 / 305 | 300 / 310 / 305 ✗ |" in sec
   assert "363 / 403 | 240 / 303 | 5.00 |" in sec  # paper, original H200, pallas GiB
   header = next(line for line in sec.split("\n") if line.startswith("| config |"))
   assert "pallas" in header and "ffi" not in header  # a backend that never ran: no column
@@ -330,3 +330,9 @@ def test_dense_ceiling_backward_runs_bf16_gemms():
   assert len(eqns) == 6  # 2 forward + 4 backward GEMMs
   for e in eqns:
     assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16] * 2, e
+
+
+def test_readme_ceiling_cell_has_no_backward():
+  """The dense ceiling's (fwd+bwd) - fwd understates its backward: its cell leaves bwd out."""
+  row = {**_fake_gpu_doc()["results"][0], "impl": "dense-ceiling", "kind": "ceiling"}
+  assert readme._cell(row) == "300 / – / 305"

@@ -81,9 +81,10 @@ def check_available(impl: str, interpret: bool) -> None:
 
 
 ROUTE_IMPLS = ("xla", "auto") + IMPLS
-# route_logits(impl="auto"): fastest first, by benchmarks/results/triton-h200-2026-12-02-s2.md
-# (T = 24576, E = 128, K = 8: jax_triton 62 µs, pallas_triton 98 µs, xla 186 µs; T = 32768,
-# E = 256, K = 16: 289 / 388 / 484 µs, all with the kernels' earlier default configs).
+# route_logits(impl="auto"): fastest first, by benchmarks/results/triton-h200-2026-12-02-s3.md
+# (whole routing, current defaults: T = 24576, E = 128, K = 8: jax_triton 46.5 µs, pallas_triton
+# 72.5 µs, xla 187 µs; T = 32768, E = 256, K = 16: 145 / 211 / 483 µs; jax_triton fastest at all
+# five measured shapes).
 AUTO_ROUTE_ORDER: tuple[str, ...] = ("jax_triton", "pallas_triton", "xla")
 
 
