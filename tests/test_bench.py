@@ -84,6 +84,7 @@ def test_cli_smoke_json_markdown_plots_and_readme(tmp_path, capsys):
   (js,) = out.glob("bench-cpu-*.json")
   doc = json.loads(js.read_text())
   assert doc["meta"]["complete"] and doc["meta"]["platform"] == "cpu"
+  assert doc["meta"]["route_impl"] == "xla"  # "auto" routes with xla on a CPU
   rows = {r["impl"]: r for r in doc["results"]}
   xla = rows["xla"]
   assert xla["status"] == "ok" and xla["check"]["reason"] == "reference"
@@ -336,3 +337,11 @@ def test_readme_ceiling_cell_has_no_backward():
   """The dense ceiling's (fwd+bwd) - fwd understates its backward: its cell leaves bwd out."""
   row = {**_fake_gpu_doc()["results"][0], "impl": "dense-ceiling", "kind": "ceiling"}
   assert readme._cell(row) == "300 / – / 305"
+
+
+def test_routing_impl_option():
+  assert RoutingSpec(route_impl="pallas_triton").route_impl == "pallas_triton"
+  with pytest.raises(ValueError, match="route_impl must be one of"):
+    RoutingSpec(route_impl="cuda")
+  with pytest.raises(SystemExit):
+    cli.main(["--configs", SMOKE, "--backends", "xla", "--routing-impl", "cuda"])

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                   help=f"comma list of {', '.join(BASELINES)}, or 'all' (default) or 'none'")
   ap.add_argument("--routing", choices=("topk", "tr"), default="topk",
                   help="top-K routing or tile-aware token rounding")
+  ap.add_argument("--routing-impl", default="auto",
+                  help="top-K routing implementation of the timed layers: auto (default, the "
+                       "layer's default: Triton kernels on GPUs), xla, jax_triton, pallas_triton")
   ap.add_argument("--tile", type=int, default=128, help="token-rounding tile (default 128)")
   ap.add_argument("--rounding", choices=("nearest", "up", "down"), default="nearest")
   ap.add_argument("--dist", choices=("uniform", "zipf"), default="uniform",
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     configs = parse_configs(args.configs or (["all"] if on_gpu() else ["tiny"]))
     spec = RoutingSpec(method=args.routing, dist=args.dist, zipf_s=args.zipf_s,
-                       tile=args.tile, rounding_mode=args.rounding)
+                       tile=args.tile, rounding_mode=args.rounding,
+                       route_impl=args.routing_impl)
     opts = Options(warmup=args.warmup, iters=args.iters, modes=tuple(_csv(args.modes)),
                    bwd_direct=args.bwd_direct, check=not args.no_check,
                    check_budget_gib=args.check_budget_gib, check_tol=args.check_tol,

@@ -29,15 +29,19 @@ Layer = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class RoutingSpec:
-  """How tokens are routed: ``method`` topk or tr (token rounding), ``dist`` uniform or zipf."""
+  """How tokens are routed: ``method`` topk or tr (token rounding), ``dist`` uniform or zipf,
+  ``route_impl`` the top-K routing implementation (default "auto", as the layer's default)."""
 
   method: str = "topk"
   dist: RoutingDist = "uniform"
   zipf_s: float = 1.2
   tile: int = 128
   rounding_mode: str = "nearest"
+  route_impl: str = "auto"  # who routes top-K: as sonic_jax.moe(routing_impl=...)
 
   def __post_init__(self):
+    from sonic_jax.triton import validate_route_impl
+    validate_route_impl(self.route_impl, "route_impl")
     if self.method not in ("topk", "tr"):
       raise ValueError(f"routing method must be 'topk' or 'tr', got {self.method!r}")
     if self.dist not in ("uniform", "zipf"):
@@ -102,7 +106,7 @@ def plan_fn(cfg: BenchConfig, spec: RoutingSpec) -> Callable[[jax.Array, jax.Arr
     logits = router_logits(x, router_w)
     if bias is not None:
       logits = logits + jnp.asarray(bias)
-    return route_logits(logits, top_k=cfg.K, routing=spec.routing)
+    return route_logits(logits, top_k=cfg.K, routing=spec.routing, impl=spec.route_impl)
 
   return make_plan
 

@@ -125,7 +125,9 @@ def meta_lines(doc: dict) -> list[str]:
       f"- Date: {m['date']}; device: {m['device_kind']} ({m['platform']}); {v}"
       + (f"; git {m['git_commit']}" if m.get("git_commit") else ""),
       f"- Command: `{m['command']}`",
-      f"- Routing: {m['routing']}; bf16, x and dO = 0.2·randn, expert weights N(0, 0.02), "
+      f"- Routing: {m['routing']}"
+      + (f" (routing kernels: {m['route_impl']})" if m.get("route_impl") else "")
+      + "; bf16, x and dO = 0.2·randn, expert weights N(0, 0.02), "
       f"router logits ~N(0, 1); the timed layer includes router, routing metadata, gather and "
       f"combine.",
       f"- Timing: {m['timing']}; {o['warmup']} warm-up calls, median of {o['iters']}. "

@@ -80,6 +80,12 @@ def versions() -> dict:
   return out
 
 
+def _resolved_route_impl(spec: RoutingSpec) -> str:
+  """What routes top-K in the timed layers here ("xla" for token rounding, always)."""
+  from sonic_jax.triton import resolve_route_impl
+  return "xla" if spec.method == "tr" else resolve_route_impl(spec.route_impl)
+
+
 def _git_commit() -> str | None:
   try:
     import subprocess
@@ -196,6 +202,7 @@ class Runner:
             "versions": versions(), "git_commit": _git_commit(),
             "command": command or " ".join(sys.argv), "routing": spec.label,
             "routing_spec": dataclasses.asdict(spec), "options": dataclasses.asdict(opts),
+            "route_impl": _resolved_route_impl(spec),
             "flops": "paper count: fwd 6, bwd 12, fwd+bwd 18 x pairs x d x n",
             "timing": ("GPU: CUPTI sum of kernel times per call (median); torch: CUDA events; "
                        "CPU: wall clock"),
