@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One device call for what is not the layer benchmark (~10 minutes), logs under $OUT:
+#   0. (SHARD_TEST_S > 0) the sharding GPU tests: pallas / ffi kernels inside the layer's
+#      shard_map, native ragged_all_to_all;
 #   1. the Triton GPU tests (routing kernels, combine, the layer's default routing_impl="auto"
 #      with gradients, in the Flax module and under vmap);
 #   2. examples/train_sharded.py on the GPU (ffi backend with --check, then pallas): tokens/s;
@@ -9,13 +11,16 @@
 #   run(command="bash scripts/h200_checks.sh", carry=[".gpu_wheels",
 #       "sonic_jax/ffi/libsonic_jax_cuda.so"], timeout_s=600)
 # .gpu_wheels holds the wheels to install (e.g. jax-triton and the PyTorch SonicMoE group).
-# Knobs: TOTAL_S (default 575), TRITON_TEST_S, TRAIN_FFI_S, TRAIN_PALLAS_S, TRITON_BENCH_S,
-# SELECT_S, BENCH_ARGS.
+# Knobs: TOTAL_S (default 575), SHARD_TEST_S (default 0: skipped), TRITON_TEST_S, TRAIN_FFI_S,
+# TRAIN_PALLAS_S, TRITON_BENCH_S, SELECT_S, BENCH_ARGS. A device call returns at most 8 files from
+# $OUT: the logs of steps 0-4 are packed into $OUT/logs.tgz, the benchmark writes into $OUT.
 set -uo pipefail
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
 OUT=${OUT:-$PWD/checks_out}
-mkdir -p "$OUT"
+LOGS=/tmp/checks_logs  # packed into $OUT/logs.tgz after every step (8-file limit of a call)
+mkdir -p "$OUT" "$LOGS" /tmp/triton
+pack() { tar czf "$OUT/logs.tgz" -C /tmp checks_logs triton; }
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 since() { echo $(( $(date +%s) - T0 )); }
@@ -24,23 +29,34 @@ if compgen -G ".gpu_wheels/*.whl" >/dev/null; then
       .gpu_wheels/*.whl || echo "warning: wheel install failed"
   export PYTHONPATH=$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages
 fi
+if [ "${SHARD_TEST_S:-0}" -gt 0 ]; then
+  echo "== [$(since) s] sharding GPU tests"
+  timeout "$SHARD_TEST_S" $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_sharding_gpu.py \
+    2>&1 | tee "$LOGS/sharding-gpu-tests.log" | tail -n 8
+  pack
+fi
 echo "== [$(since) s] Triton GPU tests"
 timeout "${TRITON_TEST_S:-150}" $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_triton.py \
-  2>&1 | tee "$OUT/triton-gpu-tests.log" | tail -n 8
+  2>&1 | tee "$LOGS/triton-gpu-tests.log" | tail -n 8
+pack
 TRAIN="examples/train_sharded.py --steps 30 --batch 32 --seq-len 512 --d-model 1024 --d-ff 512
   --experts 32 --top-k 4 --layers 2"
 echo "== [$(since) s] train_sharded.py on the GPU, ffi backend, with --check"
 timeout "${TRAIN_FFI_S:-70}" $PY $TRAIN --backend ffi --check 2>&1 \
-  | tee "$OUT/train-sharded-ffi.log" | tail -n 5
+  | tee "$LOGS/train-sharded-ffi.log" | tail -n 5
+pack
 echo "== [$(since) s] Triton routing / combine benchmark"
-timeout "${TRITON_BENCH_S:-200}" $PY -m sonic_jax.triton.bench --out "$OUT/triton" --iters 10 \
-  2>&1 | tail -n 70 | tee "$OUT/triton-bench.txt" | tail -n 45
+timeout "${TRITON_BENCH_S:-200}" $PY -m sonic_jax.triton.bench --out /tmp/triton --iters 10 \
+  2>&1 | tail -n 70 | tee /tmp/triton/stdout.txt | tail -n 45
+pack
 echo "== [$(since) s] token-rounding selection: argsort vs bisection"
 timeout "${SELECT_S:-40}" $PY benchmarks/token_rounding_select.py \
-  --out "$OUT/token-rounding-select-h200.md" 2>&1 | tail -n 6
+  --out "$LOGS/token-rounding-select-h200.md" 2>&1 | tail -n 6
+pack
 echo "== [$(since) s] train_sharded.py on the GPU, pallas backend"
 timeout "${TRAIN_PALLAS_S:-80}" $PY $TRAIN --backend pallas 2>&1 \
-  | tee "$OUT/train-sharded-pallas.log" | tail -n 4
+  | tee "$LOGS/train-sharded-pallas.log" | tail -n 4
+pack
 LEFT=$(( ${TOTAL_S:-575} - $(since) ))
 echo "== [$(since) s] benchmark with $LEFT s left"
 WHEELS_DIR=installed BENCH_TOTAL_S=$LEFT BUILD_FFI=0 RESULTS_DIR="$OUT" bash benchmarks/run_h200.sh
