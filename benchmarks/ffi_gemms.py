@@ -6,22 +6,22 @@ For each config: top-K routing from random logits, random bf16 data; each of the
 GEMMs alone (gathers done beforehand) vs jnp.dot over the same (rows, K) x (K, N) total shape,
 then the full entry points (with gathers / epilogues) and the layer forward and forward+backward
 (18·T·K·d·n FLOPs, the paper's count). GPU-side time: CUPTI kernel time through
-jax.experimental.mosaic.gpu.profiler.measure, median over --iters runs after a warm-up.
+jax.experimental.mosaic.gpu.profiler.measure (sonic_jax.bench.timing), median over --iters runs
+after a warm-up; each row's ``timer`` says "cupti" or "wall" (the fallback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import sonic_jax
+from sonic_jax.bench.timing import compile_and_time
 from sonic_jax.ffi import ops
 from sonic_jax.ffi.backend import FfiKernels
 from sonic_jax.ffi.ops import GemmKind
@@ -29,20 +29,11 @@ from sonic_jax.routing import route_logits
 
 
 def gpu_ms(f, *args, iters: int) -> tuple[float, str]:
-  """Median GPU time of f(*args) in ms (CUPTI kernel time; wall clock if CUPTI fails)."""
-  jax.block_until_ready(f(*args))  # compile + warm-up
-  try:
-    from jax.experimental.mosaic.gpu import profiler
-    _, times = profiler.measure(f, iterations=iters)(*args)
-    return float(statistics.median(times)), "cupti"
-  except Exception as e:  # noqa: BLE001 - report and fall back
-    print(f"  (cupti failed: {type(e).__name__}: {e}; wall clock)", file=sys.stderr)
-    ts = []
-    for _ in range(iters):
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      ts.append((time.perf_counter() - t0) * 1e3)
-    return float(statistics.median(ts)), "wall"
+  """Median GPU time of f(*args) in ms (CUPTI kernel time; wall clock if CUPTI fails), timer."""
+  t = compile_and_time(f, args, iters=iters).timing  # compile + one call, then timed
+  if t.note:
+    print(f"  ({t.note})", file=sys.stderr)
+  return t.median_ms, t.timer
 
 
 def run_config(t, d, n, e, k, iters):

@@ -4,8 +4,10 @@ timings of every variant against an XLA dense matmul of the same total shape.
   python benchmarks/pallas_forward.py --out-dir benchmarks/results [--configs 7B-512,30B-512]
 
 Writes pallas-forward-<gpu>-<date>.json and .md to --out-dir and prints a table last.
-Timings are GPU-side (CUPTI, ``jax.experimental.mosaic.gpu.profiler.measure``): the sum of the
-kernels of one call, median of ``--iters`` calls after a warm-up, random bf16 data. FLOPs as the
+Timings are GPU-side (CUPTI, ``jax.experimental.mosaic.gpu.profiler.measure``, through
+``sonic_jax.bench.timing``): the sum of the kernels of one call, median of ``--iters`` calls
+after a warm-up, random bf16 data; the wall clock off a GPU or where CUPTI fails (each result's
+``timer`` says which). FLOPs as the
 paper counts them: up_proj 4·TK·d·n, down_proj 2·TK·n·d, forward 6·TK·d·n. ``--interpret`` runs
 the correctness part on a CPU in the Mosaic GPU interpreter at a tiny shape (a smoke test).
 """
@@ -18,9 +20,7 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -29,6 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from sonic_jax.bench.timing import Measured, compile_and_time  # noqa: E402
 from sonic_jax.pallas import configs as cfgs  # noqa: E402
 from sonic_jax.pallas.backend import PallasKernels  # noqa: E402
 from sonic_jax.routing import route_logits  # noqa: E402
@@ -55,26 +56,16 @@ def rel(a, b) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def timer(iters: int):
-  """Returns time(f, *args) -> median ms over iters calls (GPU-side) or wall time on CPU."""
-  if jax.devices()[0].platform == "gpu":
-    from jax.experimental.mosaic.gpu import profiler
+def timer(iters: int, log=print):
+  """Returns time(f, *args) -> Measured: compile, one call (outputs, first-call time), then the
+  median ms of iters calls (GPU-side CUPTI; the wall clock on a CPU or where CUPTI fails)."""
 
-    def time_it(f, *args):
-      _, ts = profiler.measure(jax.jit(f), iterations=iters)(*args)
-      return float(statistics.median(ts))
-    return time_it
-
-  def wall(f, *args):
-    f = jax.jit(f)
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(iters):
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      ts.append((time.perf_counter() - t0) * 1e3)
-    return float(statistics.median(ts))
-  return wall
+  def time_it(f, *args) -> Measured:
+    m = compile_and_time(f, args, iters=iters)
+    if m.timing.note:
+      log(f"  ({m.timing.note})")
+    return m
+  return time_it
 
 
 def make_problem(t, d, n, e, k, seed=0):
@@ -133,7 +124,7 @@ def run_config(name, shape, args, log):
   tk = t * k
   rec = dict(config=name, T=t, d=d, n=n, E=e, K=k, paper_h100_fwd_tflops=paper_tf, results={},
              errors={})
-  time_it = timer(args.iters)
+  time_it = timer(args.iters, log)
   x, rw, w1, w2, plan = make_problem(t, d, n, e, k)
   xla = XlaKernels()
   offs = np.asarray(plan.group_offsets)
@@ -143,10 +134,12 @@ def run_config(name, shape, args, log):
   ref_h = sampled_reference(xg, w1, plan, check_e)
   fl_up, fl_down = 4 * tk * d * n, 2 * tk * n * d
 
-  def record(key, ms, flops=None, **extra):
+  def record(key, m: Measured, flops=None, **extra):
+    ms = m.timing.median_ms
     r = dict(ms=ms, **extra)
     if flops:
       r["tflops"] = flops / (ms * 1e-3) / 1e12
+    r["timer"] = m.timing.timer
     rec["results"][key] = r
     log(f"  {key:<34} {ms:8.3f} ms" + (f"  {r['tflops']:6.1f} TF/s" if flops else "")
         + "".join(f"  {a}={b:.3g}" if isinstance(b, float) else f"  {a}={b}"
@@ -186,40 +179,36 @@ def run_config(name, shape, args, log):
 
   def up(kern, vname):
     kern.validate(x, plan, w1, w2)
-    t0 = time.perf_counter()
-    h, a = jax.block_until_ready(jax.jit(kern.up_proj)(x, w1, plan))
-    compile_s = time.perf_counter() - t0
-    ms = time_it(kern.up_proj, x, w1, plan)
-    record(f"up_proj[{vname}]", ms, fl_up, rel_err_h=sampled_rel(h, ref_h),
-           rel_err_a=rel(a[g0], a_chk), first_call_s=compile_s)
+    m = time_it(kern.up_proj, x, w1, plan)
+    h, a = m.out
+    record(f"up_proj[{vname}]", m, fl_up, rel_err_h=sampled_rel(h, ref_h),
+           rel_err_a=rel(a[g0], a_chk), first_call_s=m.first_call_s)
 
   def down(kern, vname):
-    y = jax.block_until_ready(jax.jit(kern.down_proj)(a_ref, w2, plan))
-    ms = time_it(kern.down_proj, a_ref, w2, plan)
-    record(f"down_proj[{vname}]", ms, fl_down, rel_err_y=sampled_rel(y, ref_y))
+    m = time_it(kern.down_proj, a_ref, w2, plan)
+    record(f"down_proj[{vname}]", m, fl_down, rel_err_y=sampled_rel(m.out, ref_y))
 
   def dx(kern, vname):
     dh = jax.random.normal(jax.random.key(5), (plan.capacity, 2 * n), jnp.float32).astype(
         jnp.bfloat16)
     ref = sampled_reference(dh, jnp.swapaxes(w1, 1, 2), plan, check_e[:1])
-    out = jax.block_until_ready(jax.jit(kern.dx_pairs)(dh, w1, plan))
-    ms = time_it(kern.dx_pairs, dh, w1, plan)
-    record(f"dx_pairs[{vname}]", ms, fl_up, rel_err=sampled_rel(out, ref))
+    m = time_it(kern.dx_pairs, dh, w1, plan)
+    record(f"dx_pairs[{vname}]", m, fl_up, rel_err=sampled_rel(m.out, ref))
 
   kern = PallasKernels(config=cfgs.ForwardConfig(combine=cfgs.combine_config(d, "mosaic")))
   y = jax.random.normal(jax.random.key(4), (plan.capacity, d), jnp.float32).astype(jnp.bfloat16)
 
   def comb():
-    out = jax.block_until_ready(jax.jit(kern.combine, static_argnums=3)(
-        y, plan, plan.scores, jnp.bfloat16))
     ref = xla.combine(y, plan, plan.scores, jnp.float32)
-    ms = time_it(lambda a, p: kern.combine(a, p, p.scores, jnp.bfloat16), y, plan)
+    m = time_it(lambda a, p: kern.combine(a, p, p.scores, jnp.bfloat16), y, plan)
+    ms = m.timing.median_ms
     moved = tk * d * 2 + t * d * 2 + tk * 8
     gbps = moved / (ms * 1e-3) / 1e9
-    record("combine[mosaic]", ms, rel_err=rel(out, ref), gbps=gbps,
+    record("combine[mosaic]", m, rel_err=rel(m.out, ref), gbps=gbps,
            frac_of_copy_bw=gbps / rec["copy_gbps"] if rec.get("copy_gbps") else float("nan"))
-    ms_x = time_it(lambda a, p: xla.combine(a, p, p.scores, jnp.bfloat16), y, plan)
-    record("combine[xla]", ms_x, gbps=moved / (ms_x * 1e-3) / 1e9,
+    m_x = time_it(lambda a, p: xla.combine(a, p, p.scores, jnp.bfloat16), y, plan)
+    ms_x = m_x.timing.median_ms
+    record("combine[xla]", m_x, gbps=moved / (ms_x * 1e-3) / 1e9,
            frac_of_copy_bw=(moved / (ms_x * 1e-3) / 1e9) / rec["copy_gbps"]
            if rec.get("copy_gbps") else float("nan"))
 
@@ -231,12 +220,9 @@ def run_config(name, shape, args, log):
       h, a = kern.up_proj(x, w1, p)
       yy = kern.down_proj(a, w2, p)
       return kern.combine(yy, p, p.scores, x.dtype), h
-    t0 = time.perf_counter()
-    jax.block_until_ready(jax.jit(f)(x, rw, w1, w2))
-    compile_s = time.perf_counter() - t0
-    ms = time_it(f, x, rw, w1, w2)
-    tf = 6 * tk * d * n / (ms * 1e-3) / 1e12
-    record(f"forward[{vname}]", ms, 6 * tk * d * n, first_call_s=compile_s,
+    m = time_it(f, x, rw, w1, w2)
+    tf = 6 * tk * d * n / (m.timing.median_ms * 1e-3) / 1e12
+    record(f"forward[{vname}]", m, 6 * tk * d * n, first_call_s=m.first_call_s,
            vs_paper=tf / paper_tf)
 
   # Most important first: a timeout then loses only the extra variants.
@@ -292,6 +278,12 @@ def xla_backend_check(log, interpret=False):
   return out
 
 
+def _timers(data) -> list[str]:
+  """The timer kinds of the recorded results (``Timing.timer``)."""
+  return sorted({r["timer"] for rec in data["configs"] for r in rec["results"].values()
+                 if "timer" in r}) or ["none"]
+
+
 def write_reports(data, out_dir, stem):
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, stem + ".json"), "w") as f:
@@ -299,7 +291,9 @@ def write_reports(data, out_dir, stem):
   lines = [f"# Pallas forward kernels, {data['gpu']}, {data['date']}", "",
            f"jax {data['jax']}, command: `{data['command']}`", "",
            "GPU-side (CUPTI) kernel time per call, median of "
-           f"{data['iters']} calls after a warm-up; random bf16 data; FLOPs: up 4·TK·d·n, "
+           f"{data['iters']} calls after a warm-up (timers: {', '.join(_timers(data))}; wall: "
+           "the host clock, off a GPU or where CUPTI failed); random bf16 data; FLOPs: up "
+           "4·TK·d·n, "
            "down 2·TK·n·d, forward 6·TK·d·n. `vs dense` = kernel TFLOP/s ÷ the XLA dense "
            "matmul of the same total shape in the same run.", "",
            "## Correctness vs the xla backend", ""]
@@ -318,7 +312,7 @@ def write_reports(data, out_dir, stem):
       vs = (f"{r['tflops'] / dense[kind]:.2f}" if kind and dense[kind] and "tflops" in r
             else "")
       notes = ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}"
-                        for a, b in r.items() if a not in ("ms", "tflops"))
+                        for a, b in r.items() if a not in ("ms", "tflops", "timer"))
       if key.startswith("forward"):
         notes += f", paper H100 fwd {rec['paper_h100_fwd_tflops']} TF/s"
       lines.append(f"| {rec['config']} | {rec['T']} | {rec['d']} | {rec['n']} | {rec['E']} | "

@@ -118,6 +118,56 @@ def time_compiled(c: Compiled, args: tuple, *, warmup: int, iters: int, wall_too
   return Timing(med, "wall", samples, med, note)
 
 
+@dataclasses.dataclass
+class Measured:
+  """What ``compile_and_time`` returns."""
+  compiled: Compiled
+  first_call_s: float     # trace + lower + compile + the first call
+  out: Any                # the first call's outputs (for correctness checks)
+  timing: Timing | None   # None when iters == 0 (compile and run once, no timing)
+
+
+def compile_and_time(fn: Callable, args: tuple, *, iters: int, warmup: int = 0,
+                     wall_too: bool = False, max_live_bytes: int = 8 << 30) -> Measured:
+  """compile_fn + one call (outputs kept, first-call time) + ``time_compiled``.
+
+  The loop the GPU measurement scripts share. ``warmup`` counts calls after the first one;
+  on a GPU each CUPTI batch starts with one more (``profiler.measure``'s own warm-up).
+  ``iters=0`` only compiles and runs once (interpreter smoke runs time nothing).
+  """
+  if iters < 0:
+    raise ValueError(f"compile_and_time: iters must be >= 0, got {iters}")
+  if warmup < 0:
+    raise ValueError(f"compile_and_time: warmup must be >= 0, got {warmup}")
+  c = compile_fn(fn, args)
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(c.fn(*args))
+  first_call_s = c.compile_s + (time.perf_counter() - t0)
+  timing = None
+  if iters:
+    timing = time_compiled(c, args, warmup=warmup, iters=iters, wall_too=wall_too,
+                           max_live_bytes=max_live_bytes)
+  return Measured(c, first_call_s, out, timing)
+
+
+def time_thunk(thunk: Callable[[], Any], *, warmup: int = 1, iters: int) -> Timing:
+  """Wall-clock median of ``thunk()`` (block_until_ready) after ``warmup`` calls, any device.
+
+  For zero-argument callables (e.g. ``pallas.configs.autotune``): CUPTI through
+  ``profiler.measure`` would jit the thunk, which makes the arrays it closes over compile-time
+  constants (and lets XLA fold them), so a thunk gets the host clock, launch gaps included.
+  """
+  if iters < 1:
+    raise ValueError(f"time_thunk: iters must be >= 1, got {iters}")
+  if warmup < 0:
+    raise ValueError(f"time_thunk: warmup must be >= 0, got {warmup}")
+  for _ in range(warmup):
+    jax.block_until_ready(thunk())
+  samples = _wall_samples(thunk, (), iters)
+  med = statistics.median(samples)
+  return Timing(med, "wall", samples, med)
+
+
 def memory_stats() -> dict | None:
   try:
     stats = jax.devices()[0].memory_stats()

@@ -10,14 +10,15 @@ it (fp32 accumulator + SwiGLU kernel) and as now (bf16 H from the GEMM); then th
 and forward+backward (``sonic_jax.moe(..., backend="ffi")``) with the kinds' default schedules
 and with the fastest schedule of each GEMM (--layer-only: the layer with the table as it
 is). Prints the ``MEASURED`` entries for schedules.py.
-GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure), median of --iters.
+GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
+sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
+fallback when CUPTI fails).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -25,17 +26,19 @@ import numpy as np
 
 import sonic_jax
 from sonic_jax import experts
+from sonic_jax.bench.timing import compile_and_time
 from sonic_jax.ffi import ops, schedules
 from sonic_jax.ffi.schedules import GemmKind
 from sonic_jax.routing import route_logits
 
 
-def gpu_ms(f, *args, iters: int) -> float:
-  """Median CUPTI kernel time of f(*args) in ms, after a compile + warm-up call."""
-  from jax.experimental.mosaic.gpu import profiler
-  jax.block_until_ready(f(*args))
-  _, times = profiler.measure(f, iterations=iters)(*args)
-  return float(statistics.median(times))
+def gpu_ms(f, *args, iters: int) -> tuple[float, str, object]:
+  """Median CUPTI kernel time of f(*args) in ms after a compile + warm-up call, the timer
+  ("wall" where CUPTI failed; the reason is printed) and the warm-up call's outputs."""
+  m = compile_and_time(f, args, iters=iters)
+  if m.timing.note:
+    print(f"  ({m.timing.note})", flush=True)
+  return m.timing.median_ms, m.timing.timer, m.out
 
 
 def _rel(a, b) -> float:
@@ -84,21 +87,21 @@ def run_config(t, d, n, e, k, iters, sweep=True):
   out, best = [], {}
   valid = np.arange(plan.capacity) < rows
   for name, kind, args, dims, fd, dargs, flops in (cases if sweep else []):
-    ms_d = gpu_ms(fd, *dargs, iters=iters)
+    ms_d, timer_d, _ = gpu_ms(fd, *dargs, iters=iters)
     ref = None
     timings = {}
     for cfg in schedules.INSTANTIATED[kind]:
       f = jax.jit(lambda l, r, o, c=int(cfg), kd=kind: ops.grouped_gemm(l, r, o, kd, config=c))
-      res = f(*args, offs)
+      ms, timer, res = gpu_ms(f, *args, offs, iters=iters)
       if kind != GemmKind.VARLEN_K_F32:
         res = res[valid]
       err = 0.0 if ref is None else _rel(res, ref)
       ref = res if ref is None else ref
-      ms = gpu_ms(f, *args, offs, iters=iters)
       timings[cfg] = ms
       out.append(dict(kind="gemm", name=name, config=cfg.name, ffi_ms=ms, dense_ms=ms_d,
                       ffi_tflops=flops / ms / 1e9, dense_tflops=flops / ms_d / 1e9,
-                      ratio=ms_d / ms, rel_err_vs_first=err))
+                      ratio=ms_d / ms, rel_err_vs_first=err, timer=timer,
+                      dense_timer=timer_d))
       print(f"  {name:22s} {cfg.name:26s} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s | dense "
             f"{ms_d:7.3f} ms {flops / ms_d / 1e9:5.0f} TF/s | x{ms_d / ms:.2f} | err {err:.1e}",
             flush=True)
@@ -122,9 +125,10 @@ def run_config(t, d, n, e, k, iters, sweep=True):
     (h1, a1), (h2, a2) = jax.jit(up_v1)(x, w1, plan), jax.jit(up_v2)(x, w1, plan)
     errs = dict(h=_rel(h2[valid], h1[valid]), a=_rel(a2[valid], a1[valid]))
     for name, f in (("entry up_proj v1 (fp32 acc)", up_v1), ("entry up_proj v2 (bf16 H)", up_v2)):
-      ms = gpu_ms(jax.jit(f), x, w1, plan, iters=iters)
+      ms, timer, _ = gpu_ms(jax.jit(f), x, w1, plan, iters=iters)
       out.append(dict(kind="entry", name=name, ffi_ms=ms,
-                      ffi_tflops=2 * rows * d * 2 * n / ms / 1e9, v2_vs_v1_rel_err=errs))
+                      ffi_tflops=2 * rows * d * 2 * n / ms / 1e9, v2_vs_v1_rel_err=errs,
+                      timer=timer))
       print(f"  {name:30s} {ms:7.3f} ms  (v2 vs v1 rel err H {errs['h']:.1e} A {errs['a']:.1e})")
 
   router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
@@ -142,9 +146,9 @@ def run_config(t, d, n, e, k, iters, sweep=True):
              ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
                                         argnums=(0, 1, 2, 3)), 18 * t * k * d * n)]
     for name, f, flops in layer:
-      ms = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)
+      ms, timer, _ = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)
       out.append(dict(kind="layer", name=name, table=table, ffi_ms=ms,
-                      ffi_tflops=flops / ms / 1e9))
+                      ffi_tflops=flops / ms / 1e9, timer=timer))
       print(f"  {name:14s} [{table:7s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
   schedules.MEASURED.clear()
   schedules.MEASURED.update(saved)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from typing import Callable, Literal
 
 GatherMode = Literal["xla", "fused"]
@@ -180,22 +179,16 @@ def autotune(key: str, run: Callable[[GemmConfig], object], candidates: list[Gem
   """Times ``run(config)`` for each candidate on the current device; caches and returns the best.
 
   key: a string naming the problem (kernel, shapes, device kind). ``measure`` returns seconds for
-  a thunk (default: block_until_ready wall time, median of 5 after a warm-up); candidates that
-  fail to compile (e.g. too much SMEM) are skipped.
+  a thunk (default: ``sonic_jax.bench.timing.time_thunk``, block_until_ready wall time, median of
+  5 after a warm-up); candidates that fail to compile (e.g. too much SMEM) are skipped.
   """
   cached = load_cached(key)
   if cached is not None:
     return cached
   if measure is None:
     def measure(thunk):
-      import jax
-      jax.block_until_ready(thunk())
-      ts = []
-      for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(thunk())
-        ts.append(time.perf_counter() - t0)
-      return sorted(ts)[len(ts) // 2]
+      from sonic_jax.bench import timing  # lazy: keeps this module free of jax at import
+      return timing.time_thunk(thunk, warmup=1, iters=5).median_ms / 1e3
   best, best_t = None, float("inf")
   for cfg in candidates:
     try:
