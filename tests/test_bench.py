@@ -97,6 +97,19 @@ def test_cli_smoke_json_markdown_plots_and_readme(tmp_path, capsys):
       xla["modes"]["fwdbwd"]["ms"] - xla["modes"]["fwd"]["ms"])
   # H (P, 2n) bf16 is the big saved activation of the sonic block.
   assert xla["saved_act_bytes"] >= 32 * 2 * 128 * 2
+  # Memory above weights and inputs: the recorded argument bytes equal the shape estimate used
+  # for rows recorded before they were stored.
+  for mode in ("fwd", "fwdbwd"):
+    recorded = xla["modes"][mode]["argument_bytes"]
+    stripped = {**xla, "modes": {mode: {k: v for k, v in xla["modes"][mode].items()
+                                        if k != "argument_bytes"}}}
+    assert report._argument_bytes(stripped, mode) == recorded
+  assert report.memory_bytes(xla) == (xla["modes"]["fwdbwd"]["footprint_bytes"]
+                                      - xla["modes"]["fwdbwd"]["argument_bytes"])
+  ceiling = rows["dense-ceiling"]
+  recorded = ceiling["modes"]["fwdbwd"]["argument_bytes"]
+  stripped = {**ceiling, "modes": {"fwdbwd": {"footprint_bytes": 1}}}
+  assert report._argument_bytes(stripped, "fwdbwd") == recorded
   assert rows["tokamax"]["status"] == "skipped"
   assert rows["mgpu-grouped"]["status"] == "skipped" and "GPU" in rows["mgpu-grouped"]["reason"]
   assert rows["sonicmoe-torch"]["status"] == "skipped"
@@ -246,7 +259,7 @@ def _fake_gpu_doc():
             "fwd": {"ms": 1.0, "tflops": 300.0, "compile_s": 5.0, "footprint_bytes": 3 * 2**30},
             "bwd": {"ms": 2.0, "tflops": 310.0},
             "fwdbwd": {"ms": 3.0, "tflops": 305.0, "compile_s": 9.0,
-                       "footprint_bytes": 5 * 2**30}}}
+                       "footprint_bytes": 5 * 2**30, "argument_bytes": 2**30}}}
   rows = [{**base, "impl": "pallas", "kind": "backend", **ok},
           {**base, "impl": "tokamax", "kind": "baseline", **ok,
            "check": {"ok": False, "max_rel_err": 5e-2}},
@@ -268,7 +281,7 @@ def test_gpu_shaped_results_render(tmp_path):
                        str(tmp_path / "README.md"))
   assert "NVIDIA H200" in sec and "paper H100 SonicMoE" in sec
   assert "| paper-7B-n256 | 24576, 1536, 256, 128, 8 | 300 / 310 / 305 | 300 / 310 / 305 ✗ |" in sec
-  assert "363 / 403 | 240 / 303 | 5.00 |" in sec  # paper, original H200, pallas GiB
+  assert "363 / 403 | 240 / 303 | 4.00 |" in sec  # paper, original H200, pallas GiB above args
   header = next(line for line in sec.split("\n") if line.startswith("| config |"))
   assert "pallas" in header and "ffi" not in header  # a backend that never ran: no column
 

@@ -144,8 +144,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
       p = f"{path[:-5]}-{png}.png"
       if os.path.exists(p):
         lines += [f"![{png}]({_rel(p, readme)})", ""]
-  lines.append("GiB: memory of one compiled fwd+bwd step (arguments, outputs and temporaries; "
-               "for the PyTorch SonicMoE, allocator peak above weights and inputs).")
+  lines.append("GiB: memory of one fwd+bwd step above its weights and inputs (the compiled "
+               "step's outputs, gradients included, and temporaries; for the PyTorch SonicMoE, "
+               "its allocator peak above weights and inputs: the same quantity).")
   return "\n".join(lines)
 
 

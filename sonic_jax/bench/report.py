@@ -55,12 +55,30 @@ def _check_str(row) -> str:
   return f"{'ok' if c['ok'] else 'FAIL'} {c['max_rel_err']:.1e}"
 
 
+def _argument_bytes(row, mode: str) -> int:
+  """Bytes of the step's inputs (x, router, w1, w2, dO; the ceiling: X, w1, w2, dO): recorded
+  since session 3, else from the shapes (bf16 operands, as every recorded run used)."""
+  recorded = _mode(row, mode, "argument_bytes")
+  if recorded is not None:
+    return recorded
+  t, d, n, e, k = (row[f] for f in ("T", "d", "n", "E", "K"))
+  if row.get("kind") == "ceiling":
+    return 2 * (2 * t * k * d + 3 * d * n)
+  return 2 * ((2 if mode == "fwdbwd" else 1) * t * d + d * e + 3 * e * d * n)
+
+
 def memory_bytes(row) -> int | None:
-  """Peak memory of one training step: the fwd+bwd executable's footprint (args + outputs +
-  temporaries), torch's allocator peak above weights + inputs for the PyTorch baseline."""
+  """Peak memory of one training step above its weights and inputs: the fwd+bwd executable's
+  footprint (arguments + outputs + temporaries) minus its arguments, so outputs (the weight
+  gradients among them) and temporaries; for the PyTorch baseline its allocator peak above the
+  weights and inputs, the same quantity."""
   if row.get("torch_peak_extra_bytes") is not None:
     return row["torch_peak_extra_bytes"]
-  return _mode(row, "fwdbwd", "footprint_bytes") or _mode(row, "fwd", "footprint_bytes")
+  for mode in ("fwdbwd", "fwd"):
+    total = _mode(row, mode, "footprint_bytes")
+    if total:
+      return total - _argument_bytes(row, mode)
+  return None
 
 
 def table_rows(doc: dict) -> list[list[str]]:
@@ -134,9 +152,10 @@ def meta_lines(doc: dict) -> list[str]:
       f"Backward = {'measured alone' if o['bwd_direct'] else '(fwd+bwd) − fwd, as in the paper'}. "
       f"Forward is the training forward (residuals for the backward are written).",
       f"- TFLOP/s: {m['flops']} (kept pairs with token rounding).",
-      "- mem GiB: footprint of the compiled fwd+bwd step (arguments + outputs + temporaries, "
-      "from XLA's memory analysis; the PyTorch baseline: allocator peak above weights and "
-      "inputs). saved GiB: what jax.vjp keeps for the backward beyond the layer's inputs.",
+      "- mem GiB: memory of one fwd+bwd step above its weights and inputs: the compiled "
+      "step's outputs (gradients included) + temporaries, from XLA's memory analysis (its "
+      "footprint minus its arguments); the PyTorch baseline: allocator peak above weights and "
+      "inputs. saved GiB: what jax.vjp keeps for the backward beyond the layer's inputs.",
       f"- Check: relative error ‖a−b‖/‖b‖ of out, dx, drouter_w, dw1, dw2 against the xla "
       f"backend at a T where its densified ragged_dot fits (tolerance {o['check_tol']}); "
       "'ref' = the reference itself.",

@@ -409,6 +409,7 @@ class Runner:
             "first_call_s": first, "samples_ms": [round(s, 5) for s in tm.samples_ms],
             "footprint_bytes": (c.memory or {}).get("footprint_bytes"),
             "temp_bytes": (c.memory or {}).get("temp_size_in_bytes"),
+            "argument_bytes": (c.memory or {}).get("argument_size_in_bytes"),
             **({"timer_note": tm.note} if tm.note else {})}
 
   def _say_mode(self, cfg, impl, label, e):
