@@ -6,8 +6,9 @@
    against sonic_jax.xla_backend.XlaKernels: dS, dH, A', dW1, dW2 relative errors, and
    bit-identical repeated runs.
 2. At the benchmark shape (default T=32768, d=4096, n=1024, E=128, K=8): a float32 spot check
-   of three experts, then GPU-side timings (CUPTI via mosaic.gpu.profiler.measure, medians
-   after warm-up, random data) of several kernel configs, kernel-only (pre-gathered rows) and
+   of three experts, then GPU-side timings (CUPTI via mosaic.gpu.profiler.measure through
+   sonic_jax.bench.timing, medians after warm-up, random data; each row's ``timer`` says
+   "cupti" or "wall", the fallback) of several kernel configs, kernel-only (pre-gathered rows) and
    with the XLA gather, against an XLA dense matmul of the same total shape, and jax's own
    transposed_ragged_dot_mgpu for the weight gradients.
 Writes pallas-backward-h200-<date>.json/.md into --out (default benchmarks/results).
@@ -20,9 +21,7 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 import traceback
 
 import numpy as np
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from sonic_jax.bench.timing import compile_and_time  # noqa: E402
 from sonic_jax.pallas.dh import DhConfig, dh  # noqa: E402
 from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2, grouped_outer  # noqa: E402
 from sonic_jax.routing import route_logits  # noqa: E402
@@ -55,24 +55,18 @@ def rel(a, b) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def time_ms(f, *args, iters: int) -> float:
-  """Median GPU time of f(*args) in ms (CUPTI), wall clock if CUPTI is unavailable."""
-  jax.block_until_ready(f(*args))  # compile + warm up
-  jax.block_until_ready(f(*args))
-  if INTERPRET:
-    return float("nan")
-  try:
-    from jax.experimental.mosaic.gpu import profiler
-    _, ts = profiler.measure(f, iterations=iters)(*args)
-    return float(statistics.median(ts))
-  except Exception as e:  # noqa: BLE001
-    log(f"  (cupti timing failed: {type(e).__name__}: {e}; using wall clock)")
-    ts = []
-    for _ in range(iters):
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      ts.append((time.perf_counter() - t0) * 1e3)
-    return float(statistics.median(ts))
+def time_ms(f, *args, iters: int) -> tuple[float, str | None]:
+  """(median GPU time of f(*args) in ms, timer): CUPTI, or the wall clock where CUPTI fails.
+
+  Compile, a first call and one warm-up call; --interpret runs once and times nothing (nan,
+  None).
+  """
+  t = compile_and_time(f, args, iters=0 if INTERPRET else iters, warmup=1).timing
+  if t is None:
+    return float("nan"), None
+  if t.note:
+    log(f"  ({t.note})")
+  return t.median_ms, t.timer
 
 
 def make_inputs(t, d, n, e, k, seed=0, empty_expert=False):
@@ -163,9 +157,10 @@ def bench(shape, iters, results, only="all"):
   log(f"  group sizes min/median/max: {sizes.min()}/{int(np.median(sizes))}/{sizes.max()}")
   rows = []
 
-  def record(name, kind, ms, flops, note=""):
+  def record(name, kind, timed, flops, note=""):
+    ms, timer = timed
     tf = flops / (ms * 1e-3) / 1e12 if ms else float("nan")
-    rows.append(dict(name=name, kind=kind, ms=ms, tflops=tf, note=note))
+    rows.append(dict(name=name, kind=kind, ms=ms, tflops=tf, note=note, timer=timer))
     log(f"  {name:<44} {ms:8.3f} ms {tf:7.1f} TF/s {note}")
 
   f_dh_flops = 2.0 * p * d * n
@@ -203,11 +198,12 @@ def bench(shape, iters, results, only="all"):
     fk = jax.jit(lambda dout, w2, h, s, plan, dg, cfg=cfg: dh(dout, w2, h, s, plan, config=cfg,
                                                               dout_gathered=dg,
                                                               interpret=INTERPRET))
-    ms = try_(lambda: time_ms(fk, a["dout"], a["w2"], a["h"], s, plan, g["dout"], iters=iters))
-    if ms is not None:
-      record(name + " (kernel only)", "dh", ms, f_dh_flops)
-      if best_dh is None or ms < best_dh[1]:
-        best_dh = (name, ms, cfg)
+    timed = try_(lambda: time_ms(fk, a["dout"], a["w2"], a["h"], s, plan, g["dout"],
+                                 iters=iters))
+    if timed is not None:
+      record(name + " (kernel only)", "dh", timed, f_dh_flops)
+      if best_dh is None or timed[0] < best_dh[1]:
+        best_dh = (name, timed[0], cfg)
   if best_dh is not None:
     cfg = best_dh[2]
     fg = jax.jit(lambda dout, w2, h, s, plan: dh(dout, w2, h, s, plan, config=cfg,
@@ -224,14 +220,14 @@ def bench(shape, iters, results, only="all"):
   for name, cfg in wg_cfgs.items():
     fk = jax.jit(lambda u, v, plan, cfg=cfg: grouped_outer(u, v, plan, config=cfg,
                                                                   interpret=INTERPRET))
-    ms1 = try_(lambda: time_ms(fk, g["x"], a["dh"], plan, iters=iters))
-    if ms1 is not None:
-      record(name + " dw1 (kernel only)", "dw1", ms1, f_w1_flops)
-    ms2 = try_(lambda: time_ms(fk, a["a_prime"], g["dout"], plan, iters=iters))
-    if ms2 is not None:
-      record(name + " dw2 (kernel only)", "dw2", ms2, f_w2_flops)
-    if ms1 is not None and (best_wg is None or ms1 < best_wg[1]):
-      best_wg = (name, ms1, cfg)
+    timed1 = try_(lambda: time_ms(fk, g["x"], a["dh"], plan, iters=iters))
+    if timed1 is not None:
+      record(name + " dw1 (kernel only)", "dw1", timed1, f_w1_flops)
+    timed2 = try_(lambda: time_ms(fk, a["a_prime"], g["dout"], plan, iters=iters))
+    if timed2 is not None:
+      record(name + " dw2 (kernel only)", "dw2", timed2, f_w2_flops)
+    if timed1 is not None and (best_wg is None or timed1[0] < best_wg[1]):
+      best_wg = (name, timed1[0], cfg)
   if best_wg is not None:
     cfg = best_wg[2]
     f1 = jax.jit(lambda x, dh_, plan: dw1(x, dh_, plan, config=cfg, interpret=INTERPRET))
@@ -278,7 +274,9 @@ def write(results, out_dir, argv, suffix=""):
   lines = [f"# Pallas backward kernels on {results['device']}, {date}", "",
            f"jax {jax.__version__}; command: `{' '.join(argv)}`", "",
            "Timings: CUPTI (jax.experimental.mosaic.gpu.profiler.measure), median of "
-           f"{results['iters']} runs after warm-up, random bf16 data.", "",
+           f"{results['iters']} runs after warm-up, random bf16 data. Timers (JSON `timer`): "
+           f"{', '.join(sorted({str(r.get('timer')) for r in results.get('bench', [])}))} "
+           "(wall: the host clock where CUPTI failed; None: not timed).", "",
            "## Correctness (medium shape vs xla backend)", "",
            "```", json.dumps(results.get("correctness_medium"), indent=1), "```", "",
            "## Spot check at the benchmark shape (float32 per-expert reference)", "",

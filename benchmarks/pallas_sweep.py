@@ -9,8 +9,9 @@ the heuristic config of up_proj is also timed with the XLA gather of x included.
 checked against a float32 reference on the rows of three experts (relative Frobenius error).
 Jobs run most important first and stop when ``--budget-s`` is spent; results are written after
 every job to DIR/pallas-sweep.json and a table is printed last. GPU-side timing: CUPTI
-(``jax.experimental.mosaic.gpu.profiler.measure``), median of ``--iters`` calls after a warm-up,
-random bf16 data. FLOPs as the paper counts them: up 4·TK·d·n, down / dh / dw2 2·TK·n·d,
+(``jax.experimental.mosaic.gpu.profiler.measure`` through ``sonic_jax.bench.timing``; each
+row's ``timer`` says "cupti" or "wall", the fallback), median of ``--iters`` calls after a
+warm-up, random bf16 data. FLOPs as the paper counts them: up 4·TK·d·n, down / dh / dw2 2·TK·n·d,
 dw1 4·TK·d·n. ``--interpret`` runs a few jobs at a tiny shape in the Mosaic GPU interpreter (a
 CPU smoke test of this script).
 """
@@ -23,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -34,6 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from sonic_jax.bench.timing import compile_and_time, on_gpu  # noqa: E402
 from sonic_jax.pallas import configs as cfgs  # noqa: E402
 from sonic_jax.pallas.dh import DhConfig, dh  # noqa: E402
 from sonic_jax.pallas.grouped_gemm import grouped_gemm  # noqa: E402
@@ -78,16 +79,15 @@ class Sweep:
     return self.args.budget_s - (time.monotonic() - self.t0)
 
   def time_ms(self, f, *args):
-    f = jax.jit(f)
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(f(*args))
-    first = time.perf_counter() - t0
-    if self.interpret or jax.devices()[0].platform != "gpu":
-      return out, float("nan"), first
-    from jax.experimental.mosaic.gpu import profiler
-    jax.block_until_ready(f(*args))
-    _, ts = profiler.measure(f, iterations=self.args.iters)(*args)
-    return out, float(statistics.median(ts)), first
+    """(first call's outputs, median ms, first-call s incl. compile, timer); no timing (nan,
+    timer None) in the interpreter or off a GPU."""
+    timed = not self.interpret and on_gpu()
+    m = compile_and_time(f, args, iters=self.args.iters if timed else 0, warmup=1)
+    if m.timing is None:
+      return m.out, float("nan"), m.first_call_s, None
+    if m.timing.note:
+      self.log(f"  ({m.timing.note})")
+    return m.out, m.timing.median_ms, m.first_call_s, m.timing.timer
 
   # -------------------------------------------------------------------------- data per shape
   def get(self, shape):
@@ -120,12 +120,13 @@ class Sweep:
     return int(g["offs"][e]), int(g["offs"][e + 1])
 
   # ------------------------------------------------------------------------------ recording
-  def record(self, shape, kernel, variant, ms, flops, err=None, first_s=None, note=""):
+  def record(self, shape, kernel, variant, ms, flops, err=None, first_s=None, note="",
+             timer=None):
     tf = flops / (ms * 1e-3) / 1e12 if ms == ms and ms else float("nan")
     dense = self.dense.get((shape, kernel))
     vs = tf / dense if dense else float("nan")
     r = dict(shape=shape, dims=SHAPES[shape], kernel=kernel, variant=variant, ms=ms, tflops=tf,
-             vs_dense=vs, rel_err=err, first_call_s=first_s, note=note)
+             vs_dense=vs, rel_err=err, first_call_s=first_s, note=note, timer=timer)
     self.rows.append(r)
     self.log(f"  {shape:<9} {kernel:<10} {variant:<44} {ms:8.3f} ms {tf:6.1f} TF/s "
              f"x{vs:.2f}  err={err if err is None else f'{err:.2e}'} {note}")
@@ -170,12 +171,12 @@ class Sweep:
       }
       for kind in kinds:
         f, args, flops = todo[kind]
-        _, ms, _ = self.time_ms(f, *args)
+        _, ms, _, timer = self.time_ms(f, *args)
         self.dense[(shape, kind)] = flops / (ms * 1e-3) / 1e12 if ms == ms else None
-        self.record(shape, kind, "xla dense (same total shape)", ms, flops)
+        self.record(shape, kind, "xla dense (same total shape)", ms, flops, timer=timer)
       if "up" in kinds:
-        _, ms, _ = self.time_ms(lambda v, i: v[i], g["x"], g["plan"].gather_idx)
-        self.record(shape, "gather", "xla x[gather_idx]", ms, 0.0)
+        _, ms, _, timer = self.time_ms(lambda v, i: v[i], g["x"], g["plan"].gather_idx)
+        self.record(shape, "gather", "xla x[gather_idx]", ms, 0.0, timer=timer)
     self.guarded(f"dense {shape}", run)
 
   def up(self, shape, variant, cfg: cfgs.GemmConfig, with_gather=False):
@@ -194,7 +195,7 @@ class Sweep:
         f = lambda xg, w: grouped_gemm(xg, w, gs, go, num_rows=rows, epilogue="swiglu",
                                        config=c, interpret=self.interpret)
         args = (g["xg"], g["w1"])
-      (h, a), ms, first = self.time_ms(f, *args)
+      (h, a), ms, first, timer = self.time_ms(f, *args)
       num = den = 0.0
       for ex in g["check"]:
         lo, hi = self.rows_of(g, ex)
@@ -205,7 +206,7 @@ class Sweep:
           den += float(jnp.sum(want * want))
       err = float(np.sqrt(num / max(den, 1e-30)))
       self.record(shape, "up", variant + (" +xla gather" if with_gather else ""), ms,
-                  4 * t * k * d * n, err, first)
+                  4 * t * k * d * n, err, first, timer=timer)
     self.guarded(f"up {shape} {variant}", run)
 
   def down(self, shape, variant, cfg: cfgs.GemmConfig):
@@ -217,13 +218,13 @@ class Sweep:
       c = dataclasses.replace(cfg, num_sms=2) if self.interpret else cfg
       f = lambda a, w: grouped_gemm(a, w, plan.group_sizes, plan.group_offsets,
                                     num_rows=plan.capacity, config=c, interpret=self.interpret)
-      y, ms, first = self.time_ms(f, g["a"], g["w2"])
+      y, ms, first, timer = self.time_ms(f, g["a"], g["w2"])
       errs = []
       for ex in g["check"]:
         lo, hi = self.rows_of(g, ex)
         ref = jnp.dot(g["a"][lo:hi].astype(jnp.float32), g["w2"][ex].astype(jnp.float32))
         errs.append(rel(y[lo:hi], ref))
-      self.record(shape, "down", variant, ms, 2 * t * k * n * d, max(errs), first)
+      self.record(shape, "down", variant, ms, 2 * t * k * n * d, max(errs), first, timer=timer)
     self.guarded(f"down {shape} {variant}", run)
 
   def dh(self, shape, variant, cfg: DhConfig):
@@ -236,7 +237,8 @@ class Sweep:
       s = plan.grouped_scores()
       f = lambda dout, w2, h, s, dg: dh(dout, w2, h, s, plan, config=c,
                                         interpret=self.interpret, dout_gathered=dg)
-      (dh_, ap, ds), ms, first = self.time_ms(f, g["dout"], g["w2"], g["h"], s, g["doutg"])
+      (dh_, ap, ds), ms, first, timer = self.time_ms(f, g["dout"], g["w2"], g["h"], s,
+                                                     g["doutg"])
       errs = []
       sg = np.asarray(s)
       for ex in g["check"]:
@@ -246,7 +248,7 @@ class Sweep:
         sc = jnp.asarray(sg[lo:hi])[:, None]
         errs += [rel(ds[lo:hi], jnp.sum(da * a_, axis=-1)), rel(dh_[lo:hi], sc * dh_u),
                  rel(ap[lo:hi], sc * a_)]
-      self.record(shape, "dh", variant, ms, 2 * t * k * n * d, max(errs), first)
+      self.record(shape, "dh", variant, ms, 2 * t * k * n * d, max(errs), first, timer=timer)
     self.guarded(f"dh {shape} {variant}", run)
 
   def wgrad(self, shape, which, variant, cfg: WgradConfig):
@@ -258,14 +260,14 @@ class Sweep:
       c = dataclasses.replace(cfg, num_sms=2) if self.interpret else cfg
       lhs, rhs = (g["xg"], g["dh"]) if which == "dw1" else (g["a"], g["doutg"])
       f = lambda u, v: grouped_outer(u, v, plan, config=c, interpret=self.interpret)
-      out, ms, first = self.time_ms(f, lhs, rhs)
+      out, ms, first, timer = self.time_ms(f, lhs, rhs)
       errs = []
       for ex in g["check"]:
         lo, hi = self.rows_of(g, ex)
         errs.append(rel(out[ex], lhs[lo:hi].astype(jnp.float32).T
                         @ rhs[lo:hi].astype(jnp.float32)))
       flops = (4 if which == "dw1" else 2) * t * k * d * n
-      self.record(shape, which, variant, ms, flops, max(errs), first)
+      self.record(shape, which, variant, ms, flops, max(errs), first, timer=timer)
     self.guarded(f"{which} {shape} {variant}", run)
 
 
