@@ -112,10 +112,11 @@ def resolve_route_impl(impl) -> str:
 from sonic_jax.triton.combine import CombineConfig, combine  # noqa: E402
 from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  # noqa: E402
                                        route_logits, routing_metadata)
+from sonic_jax.triton.select import SelectConfig, select_top_per_column  # noqa: E402
 from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
 __all__ = ["IMPLS", "ROUTE_IMPLS", "sequential", "AUTO_ROUTE_ORDER", "resolve_route_impl",
            "validate_route_impl", "TopKConfig",
            "MetadataConfig", "CombineConfig", "topk_softmax", "routing_metadata",
            "plan_from_assignments", "route_logits", "combine", "jax_triton_unavailable_reason",
-           "pallas_triton_unavailable_reason"]
+           "pallas_triton_unavailable_reason", "SelectConfig", "select_top_per_column"]
