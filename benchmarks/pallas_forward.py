@@ -7,9 +7,9 @@ Writes pallas-forward-<gpu>-<date>.json and .md to --out-dir and prints a table 
 Timings are GPU-side (CUPTI, ``jax.experimental.mosaic.gpu.profiler.measure``, through
 ``sonic_jax.bench.timing``): the sum of the kernels of one call, median of ``--iters`` calls
 after a warm-up, random bf16 data; the wall clock off a GPU or where CUPTI fails (each result's
-``timer`` says which). FLOPs as the
-paper counts them: up_proj 4·TK·d·n, down_proj 2·TK·n·d, forward 6·TK·d·n. ``--interpret`` runs
-the correctness part on a CPU in the Mosaic GPU interpreter at a tiny shape (a smoke test).
+``timer`` says which). FLOPs as the paper counts them: up_proj 4·TK·d·n, down_proj 2·TK·n·d,
+forward 6·TK·d·n. ``--interpret`` runs the correctness part on a CPU in the Mosaic GPU
+interpreter at a tiny shape (a smoke test).
 """
 
 from __future__ import annotations
