@@ -128,7 +128,8 @@ def select_kernel(keys_ptr, counts_ptr, num_rows, keep_ptr,
   """Row e of keys (E, T) int32 (order-preserving) -> keep[e] (int8): its clip(counts[e], 0, T)
   largest keys, earlier rows first among equal ones. Radix select, most significant digit first
   (see sonic_jax/triton/select.py): pass p histograms BITS-bit digit p of the rows that share
-  the digits chosen so far; then one pass writes the mask."""
+  the digits chosen so far; then one pass writes the mask. Triton does not pipeline these loads
+  (no dot), so every loop loads the next chunk before working on the current one."""
   pid = tl.program_id(0)
   keys = keys_ptr + pid.to(tl.int64) * num_rows
   keep_out = keep_ptr + pid.to(tl.int64) * num_rows
@@ -140,16 +141,18 @@ def select_kernel(keys_ptr, counts_ptr, num_rows, keep_ptr,
   for p in tl.static_range(32 // BITS):
     shift = 32 - BITS * (p + 1)
     hist = tl.zeros((1 << BITS,), tl.int32)
+    k = tl.load(keys + ii, mask=ii < num_rows, other=0)
     for t0 in tl.range(0, num_rows, CHUNK):
       t = t0 + ii
+      k_next = tl.load(keys + t + CHUNK, mask=t + CHUNK < num_rows, other=0)
       ok = t < num_rows
-      k = tl.load(keys + t, mask=ok, other=0)
       d = (k >> shift) & ((1 << BITS) - 1)
       if p == 0:
         d = d ^ (1 << (BITS - 1))  # the sign bit: unsigned digit order = signed key order
       else:
         ok = ok & ((k >> (shift + BITS)) == (prefix >> (shift + BITS)))
       hist += tl.histogram(d, 1 << BITS, mask=ok)
+      k = k_next
     ge = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # ge[b] = #{candidates, digit >= b}
     b = tl.sum((ge >= rem).to(tl.int32), 0) - 1  # the largest b with ge[b] >= rem
     rem -= tl.sum(tl.where(bins > b, hist, 0), 0)
@@ -157,12 +160,14 @@ def select_kernel(keys_ptr, counts_ptr, num_rows, keep_ptr,
       b = b ^ (1 << (BITS - 1))
     prefix = prefix | (b << shift)
   run = r * 0  # rows equal to the cut seen in earlier chunks
+  k = tl.load(keys + ii, mask=ii < num_rows, other=0)
   for t0 in tl.range(0, num_rows, CHUNK):
     t = t0 + ii
+    k_next = tl.load(keys + t + CHUNK, mask=t + CHUNK < num_rows, other=0)
     ok = t < num_rows
-    k = tl.load(keys + t, mask=ok, other=0)
     eq = (ok & (k == prefix)).to(tl.int32)
     rank = run + tl.cumsum(eq, 0)  # 1-based among the rows equal to the cut
     keep = ok & ((k > prefix) | ((eq != 0) & (rank <= rem))) & (r > 0)
     tl.store(keep_out + t, keep.to(tl.int8), mask=ok)
     run += tl.sum(eq, 0)
+    k = k_next

@@ -166,7 +166,8 @@ def select_call(num_rows: int, num_cols: int, chunk: int, bits: int, num_warps: 
   keep (E, T) int8: per row e, its clip(counts[e], 0, T) largest keys, earlier first among equal
   ones. Radix select; see sonic_jax/triton/select.py and _jt_kernels.select_kernel. Pallas-Triton
   has no histogram, so each pass counts ge[b] = #{candidates with digit >= b} directly (a
-  (chunk, 2**bits) comparison), which is what the digit choice needs."""
+  (chunk, 2**bits) comparison), which is what the digit choice needs. Each loop carries the next
+  chunk's keys, loaded before the current chunk's work (Triton does not pipeline these loads)."""
   nbins = 1 << bits
   nchunk = pl.cdiv(num_rows, chunk)
 
@@ -177,38 +178,41 @@ def select_call(num_rows: int, num_cols: int, chunk: int, bits: int, num_warps: 
     bins = jnp.arange(nbins, dtype=_I32)
 
     def load(c):
-      t0 = c * chunk
-      ok = t0 + ii < num_rows
-      return t0, ok, plgpu_triton.load(keys_ref.at[e, pl.ds(t0, chunk)], mask=ok, other=0)
+      ok = c * chunk + ii < num_rows
+      return plgpu_triton.load(keys_ref.at[e, pl.ds(c * chunk, chunk)], mask=ok, other=0)
 
     prefix, rem = jnp.int32(0), r  # digits of the r-th largest key so far; rank among candidates
     for p in range(32 // bits):
       shift = 32 - bits * (p + 1)
 
-      def count(c, ge, prefix=prefix, shift=shift, first=p == 0):
-        _, ok, k = load(c)
+      def count(c, carry, prefix=prefix, shift=shift, first=p == 0):
+        ge, k = carry
+        k_next = load(c + 1)
+        ok = c * chunk + ii < num_rows
         d = (k >> shift) & (nbins - 1)
         if first:
           d = d ^ (nbins >> 1)  # the sign bit: unsigned digit order = signed key order
         else:  # candidates share the digits found so far
           ok = ok & ((k >> (shift + bits)) == (prefix >> (shift + bits)))
         d = jnp.where(ok, d, -1)
-        return ge + jnp.sum((d[:, None] >= bins[None, :]).astype(_I32), axis=0)
+        return ge + jnp.sum((d[:, None] >= bins[None, :]).astype(_I32), axis=0), k_next
 
-      ge = lax.fori_loop(0, nchunk, count, jnp.zeros((nbins,), _I32))
+      ge, _ = lax.fori_loop(0, nchunk, count, (jnp.zeros((nbins,), _I32), load(0)))
       b = jnp.sum((ge >= rem).astype(_I32)) - 1  # ge is non-increasing; ge[0] >= rem
       rem = rem - jnp.sum(jnp.where(bins == b + 1, ge, 0))  # minus candidates above digit b
       prefix = prefix | ((b ^ (nbins >> 1) if p == 0 else b) << shift)
 
-    def write(c, run):
-      t0, ok, k = load(c)
+    def write(c, carry):
+      run, k = carry
+      k_next = load(c + 1)
+      ok = c * chunk + ii < num_rows
       eq = ok & (k == prefix)
       rank = run + jnp.cumsum(eq.astype(_I32))  # 1-based among all rows equal to the cut
       keep = ok & ((k > prefix) | (eq & (rank <= rem))) & (r > 0)
-      plgpu_triton.store(out_ref.at[e, pl.ds(t0, chunk)], keep.astype(jnp.int8), mask=ok)
-      return run + jnp.sum(eq.astype(_I32))
+      plgpu_triton.store(out_ref.at[e, pl.ds(c * chunk, chunk)], keep.astype(jnp.int8), mask=ok)
+      return run + jnp.sum(eq.astype(_I32)), k_next
 
-    lax.fori_loop(0, nchunk, write, jnp.int32(0))
+    lax.fori_loop(0, nchunk, write, (jnp.int32(0), load(0)))
 
   out_shape = jax.ShapeDtypeStruct((num_cols, num_rows), jnp.int8)
   return _call(body, out_shape, (num_cols,), num_warps, interpret)

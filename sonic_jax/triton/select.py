@@ -43,21 +43,26 @@ from sonic_jax.routing import _ordered_key
 
 _I32 = jnp.int32
 _RADIX_BITS = (2, 4, 8)
-# Per-implementation defaults (chunk, radix_bits), chosen without GPU timings: jax-triton's
-# tl.histogram makes 8-bit digits (4 passes) cheap; Pallas-Triton's one-hot counting costs
-# chunk * 2**radix_bits per chunk, so it takes 4-bit digits (8 passes) and a smaller chunk.
-_DEFAULTS = {"jax_triton": (1024, 8), "pallas_triton": (256, 4)}
+# Per-implementation defaults (chunk, radix_bits, num_warps), chosen without GPU timings (to be
+# swept on the H200 with benchmarks/token_rounding_select.py --configs). A program per column
+# leaves each SM one or two programs whose chunk loop is load-latency bound, so chunks are large;
+# jax-triton's tl.histogram makes 8-bit digits (4 passes) cheap; Pallas-Triton's one-hot count
+# costs chunk * 2**radix_bits compares per chunk, so it takes 4-bit digits (8 passes). Neither
+# spills registers (ptxas, sm_90a: ~100 and ~50 per thread, so two 8-warp programs fit an SM and
+# E = 256 columns one wave; jax-triton at 4096 rows needs 160, one program per SM).
+_DEFAULTS = {"jax_triton": (2048, 8, 8), "pallas_triton": (1024, 4, 8)}
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectConfig:
   """chunk: rows a program handles at a time (a power of two, 16..4096); radix_bits: bits per
-  radix digit (2, 4 or 8; 32 / radix_bits histogram passes); None: the implementation's default
-  (jax_triton: 1024 rows, 8 bits; pallas_triton: 256 rows, 4 bits); num_warps per program."""
+  radix digit (2, 4 or 8; 32 / radix_bits histogram passes); num_warps per program. None: the
+  implementation's default (jax_triton: 2048 rows, 8 bits, 8 warps; pallas_triton: 1024 rows,
+  4 bits, 8 warps)."""
 
   chunk: int | None = None
   radix_bits: int | None = None
-  num_warps: int = 4
+  num_warps: int | None = None
 
   def __post_init__(self):
     if self.chunk is not None and (self.chunk & (self.chunk - 1) or
@@ -67,13 +72,13 @@ class SelectConfig:
     if self.radix_bits is not None and self.radix_bits not in _RADIX_BITS:
       raise ValueError(f"SelectConfig.radix_bits must be one of {_RADIX_BITS}, got "
                        f"{self.radix_bits}")
-    if self.num_warps not in (1, 2, 4, 8, 16):
+    if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
       raise ValueError(f"SelectConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
 
-  def resolve(self, impl: str) -> tuple[int, int]:
-    """(chunk, radix_bits) with the defaults of ``impl`` filled in."""
-    chunk, bits = _DEFAULTS[impl]
-    return (self.chunk or chunk, self.radix_bits or bits)
+  def resolve(self, impl: str) -> tuple[int, int, int]:
+    """(chunk, radix_bits, num_warps) with the defaults of ``impl`` filled in."""
+    chunk, bits, warps = _DEFAULTS[impl]
+    return (self.chunk or chunk, self.radix_bits or bits, self.num_warps or warps)
 
 
 def validate_select_args(values, counts) -> None:
@@ -111,13 +116,13 @@ def select_top_per_column(values: jax.Array, counts: jax.Array, *, impl: str = "
   tri.validate_impl(impl)
   tri.check_available(impl, interpret)
   config = config or SelectConfig()
-  chunk, bits = config.resolve(impl)
+  chunk, bits, num_warps = config.resolve(impl)
   num_rows, num_cols = values.shape
   keys = _ordered_key(values).T  # (E, T): a contiguous column per program
   counts = counts.astype(_I32)
   if impl == "pallas_triton":
     from sonic_jax.triton import pallas_kernels as pk
-    keep = tri.sequential(pk.select_call(num_rows, num_cols, chunk, bits, config.num_warps,
+    keep = tri.sequential(pk.select_call(num_rows, num_cols, chunk, bits, num_warps,
                                          bool(interpret)))(keys, counts)
   else:
     import jax_triton as jt
@@ -125,7 +130,7 @@ def select_top_per_column(values: jax.Array, counts: jax.Array, *, impl: str = "
     keep = tri.sequential(lambda k_, c_: jt.triton_call(
         k_, c_, num_rows, kernel=jk.select_kernel,
         out_shape=jax.ShapeDtypeStruct((num_cols, num_rows), jnp.int8), grid=(num_cols,),
-        num_warps=config.num_warps, num_stages=1, CHUNK=chunk, BITS=bits))(keys, counts)
+        num_warps=num_warps, num_stages=1, CHUNK=chunk, BITS=bits))(keys, counts)
   return keep.T != 0
 
 
