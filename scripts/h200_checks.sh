@@ -6,7 +6,8 @@
 #      with gradients, in the Flax module and under vmap);
 #   2. examples/train_sharded.py on the GPU (ffi backend with --check, then pallas): tokens/s;
 #   3. python -m sonic_jax.triton.bench (routing / metadata / combine, every implementation);
-#   4. benchmarks/token_rounding_select.py (token rounding's selection step on the GPU);
+#   4. benchmarks/token_rounding_select.py (token rounding's selection: bisection and the
+#      radix-select kernels, masks checked before timing);
 #   5. benchmarks/run_h200.sh with the time left (BENCH_ARGS picks what it runs).
 #   run(command="bash scripts/h200_checks.sh", carry=[".gpu_wheels",
 #       "sonic_jax/ffi/libsonic_jax_cuda.so"], timeout_s=600)
@@ -49,9 +50,9 @@ echo "== [$(since) s] Triton routing / combine benchmark"
 timeout "${TRITON_BENCH_S:-200}" $PY -m sonic_jax.triton.bench --out /tmp/triton --iters 10 \
   2>&1 | tail -n 70 | tee /tmp/triton/stdout.txt | tail -n 45
 pack
-echo "== [$(since) s] token-rounding selection: argsort vs bisection"
-timeout "${SELECT_S:-40}" $PY benchmarks/token_rounding_select.py \
-  --out "$LOGS/token-rounding-select-h200.md" 2>&1 | tail -n 6
+echo "== [$(since) s] token-rounding selection: argsort vs bisection vs the radix-select kernels"
+timeout "${SELECT_S:-90}" $PY benchmarks/token_rounding_select.py \
+  --out "$LOGS/token-rounding-select-h200.md" 2>&1 | tail -n 16
 pack
 echo "== [$(since) s] train_sharded.py on the GPU, pallas backend"
 timeout "${TRAIN_PALLAS_S:-80}" $PY $TRAIN --backend pallas 2>&1 \

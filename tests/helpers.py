@@ -57,3 +57,12 @@ def value_and_grads(fn, args, ct):
     return out, vjp(ct)
 
   return run(args)
+
+
+def gpu_triton_impls() -> list[str]:
+  """The sonic_jax.triton implementations that run here (GPU tests skip the others)."""
+  from sonic_jax import triton as tri
+  impls = ["pallas_triton"]
+  if tri.jax_triton_unavailable_reason() is None:
+    impls.append("jax_triton")
+  return impls

@@ -15,7 +15,7 @@ from sonic_jax import routing
 from sonic_jax import triton as tri
 from sonic_jax.routing import RoutingPlan, TokenRounding
 from sonic_jax.xla_backend import XlaKernels
-from tests.helpers import rel_err
+from tests.helpers import gpu_triton_impls, rel_err
 
 _PLAN_FIELDS = ("group_sizes", "group_offsets", "gather_idx", "scatter_idx", "reverse_idx",
                 "token_ids", "expert_ids", "token_offsets")
@@ -284,18 +284,13 @@ def test_validation_errors():
 
 
 # ---------------------------------------------------------------------------------- GPU
-def _gpu_impls():
-  impls = ["pallas_triton"]
-  if tri.jax_triton_unavailable_reason() is None:
-    impls.append("jax_triton")
-  return impls
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["jax_triton", "pallas_triton"])
 @pytest.mark.parametrize("t,e,k", [(32768, 128, 8), (32768, 256, 16), (4096, 96, 6)])
 def test_gpu_topk_softmax(impl, t, e, k):
-  if impl not in _gpu_impls():
+  if impl not in gpu_triton_impls():
     pytest.skip(tri.jax_triton_unavailable_reason())
   logits = _logits(t, e, seed=20)
   probs, experts = jax.jit(lambda x: tri.topk_softmax(x, k, impl=impl))(logits)
@@ -317,7 +312,7 @@ def test_gpu_topk_softmax(impl, t, e, k):
                                         (32768, 256, 8, "one"), (24576, 128, 8, "empty"),
                                         (3000, 96, 6, "none")])
 def test_gpu_metadata_exact(impl, t, e, k, skew):
-  if impl not in _gpu_impls():
+  if impl not in gpu_triton_impls():
     pytest.skip(tri.jax_triton_unavailable_reason())
   tokens, experts, scores = _flat_assignments(t, e, k, seed=21, skew=skew)
   ref = jax.jit(lambda a, b, c: RoutingPlan.from_assignments(
@@ -330,7 +325,7 @@ def test_gpu_metadata_exact(impl, t, e, k, skew):
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["jax_triton", "pallas_triton"])
 def test_gpu_metadata_token_rounding(impl):
-  if impl not in _gpu_impls():
+  if impl not in gpu_triton_impls():
     pytest.skip(tri.jax_triton_unavailable_reason())
   t, e, k = 8192, 64, 4
   ref = routing.route_logits(_logits(t, e, seed=22), top_k=k, routing=TokenRounding())
@@ -344,7 +339,7 @@ def test_gpu_metadata_token_rounding(impl):
 @pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("t,e,k,d", [(32768, 128, 8, 1536), (1000, 12, 3, 136)])
 def test_gpu_combine(impl, weighted, t, e, k, d):
-  if impl not in _gpu_impls():
+  if impl not in gpu_triton_impls():
     pytest.skip(tri.jax_triton_unavailable_reason())
   plan = routing.route_logits(_logits(t, e, seed=23), top_k=k)
   y = jax.random.normal(jax.random.key(24), (plan.capacity, d)).astype(jnp.bfloat16)

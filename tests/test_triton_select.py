@@ -14,6 +14,7 @@ import pytest
 
 from sonic_jax import routing
 from sonic_jax import triton as tri
+from tests.helpers import gpu_triton_impls
 
 _ALL_BITS = [tri.SelectConfig(chunk=32, radix_bits=b) for b in (8, 4, 2)]
 
@@ -143,11 +144,6 @@ def test_select_validation():
 
 
 # ---------------------------------------------------------------------------------- GPU
-def _gpu_impls():
-  impls = ["pallas_triton"]
-  if tri.jax_triton_unavailable_reason() is None:
-    impls.append("jax_triton")
-  return impls
 
 
 @pytest.mark.gpu
@@ -155,7 +151,7 @@ def _gpu_impls():
 @pytest.mark.parametrize("e", [128, 256])
 @pytest.mark.parametrize("data", ["normal", "ties"])
 def test_gpu_select(impl, e, data):
-  if impl not in _gpu_impls():
+  if impl not in gpu_triton_impls():
     pytest.skip(tri.jax_triton_unavailable_reason())
   t = 32768
   v = jax.random.normal(jax.random.key(30), (t, e))
