@@ -42,6 +42,18 @@ def test_compile_and_time_counts_calls_and_keeps_first_outputs():
   assert m.compiled.memory is None or m.compiled.memory["output_size_in_bytes"] > 0
 
 
+def test_compile_and_time_keep_out_false_drops_the_first_outputs_and_still_times():
+  if timing.on_gpu():
+    pytest.skip("the wall-clock path (the CUPTI path runs the function more often)")
+  calls: list = []
+  x = jax.random.normal(jax.random.key(2), (16, 8), jnp.float32)
+  w = jax.random.normal(jax.random.key(3), (8, 4), jnp.float32)
+  m = timing.compile_and_time(_counting_fn(calls), (x, w), iters=3, warmup=1, keep_out=False)
+  jax.effects_barrier()
+  assert m.out is None and len(calls) == 1 + 1 + 3
+  assert len(m.timing.samples_ms) == 3 and m.first_call_s >= m.compiled.compile_s > 0
+
+
 def test_compile_and_time_iters_zero_runs_once_without_timing():
   calls: list = []
   x = jnp.ones((8, 4), jnp.float32) * 0.5

@@ -26,8 +26,8 @@ import numpy as np
 from sonic_jax.bench.configs import BenchConfig, flops
 from sonic_jax.bench.impls import Impl, dense_ref_bytes, make_impl
 from sonic_jax.bench.problems import RoutingSpec, make_problem, routing_stats, sonic_layer
-from sonic_jax.bench.timing import (compile_fn, device_label, memory_stats, on_gpu,
-                                    time_compiled)
+from sonic_jax.bench.timing import (Measured, compile_and_time, device_label, memory_stats,
+                                    on_gpu)
 
 MODES = ("fwd", "bwd", "fwdbwd")
 # Weights of the passes in --time-budget-s (backends + ceiling, their checks, JAX baselines,
@@ -353,33 +353,19 @@ class Runner:
     want_fwdbwd = "fwdbwd" in modes or ("bwd" in modes and not opts.bwd_direct)
     results = row["modes"]
     if want_fwd:
-      c = compile_fn(fwd_train, args)
-      t0 = time.perf_counter()
-      jax.block_until_ready(c.fn(*args))
-      first = c.compile_s + time.perf_counter() - t0
-      tm = time_compiled(c, args, warmup=opts.warmup, iters=opts.iters)
-      results["fwd"] = self._mode_entry("fwd", tm, c, first, pairs, cfg)
+      results["fwd"] = self._mode_entry("fwd", self._time(fwd_train, args), pairs, cfg)
       self._say_mode(cfg, impl, "fwd", results["fwd"])
     if "bwd" in modes and opts.bwd_direct:
       vjp_fn = jax.jit(fwd_train)(*args)[1]
       bargs = (vjp_fn, g)
-      c = compile_fn(lambda f, gg: f(gg), bargs)
-      t0 = time.perf_counter()
-      jax.block_until_ready(c.fn(*bargs))
-      first = c.compile_s + time.perf_counter() - t0
-      tm = time_compiled(c, bargs, warmup=opts.warmup, iters=opts.iters)
-      results["bwd"] = self._mode_entry("bwd", tm, c, first, pairs, cfg)
+      results["bwd"] = self._mode_entry("bwd", self._time(lambda f, gg: f(gg), bargs), pairs,
+                                        cfg)
       results["bwd"]["method"] = "direct"
       del vjp_fn, bargs
       self._say_mode(cfg, impl, "bwd", results["bwd"])
     if want_fwdbwd:
       fargs = (*args, g)
-      c = compile_fn(fwdbwd, fargs)
-      t0 = time.perf_counter()
-      jax.block_until_ready(c.fn(*fargs))
-      first = c.compile_s + time.perf_counter() - t0
-      tm = time_compiled(c, fargs, warmup=opts.warmup, iters=opts.iters)
-      results["fwdbwd"] = self._mode_entry("fwdbwd", tm, c, first, pairs, cfg)
+      results["fwdbwd"] = self._mode_entry("fwdbwd", self._time(fwdbwd, fargs), pairs, cfg)
       self._say_mode(cfg, impl, "fwd+bwd", results["fwdbwd"])
     if "bwd" in modes and not opts.bwd_direct:
       f, fb = results["fwd"], results["fwdbwd"]
@@ -403,7 +389,12 @@ class Runner:
       self._last_problem = (cfg.name, problem, routing_stats(problem, self.spec))
     return self._last_problem[1], self._last_problem[2]
 
-  def _mode_entry(self, mode, tm, c, first, pairs, cfg) -> dict:
+  def _time(self, fn, args) -> Measured:
+    return compile_and_time(fn, args, iters=self.opts.iters, warmup=self.opts.warmup,
+                            wall_too=True, keep_out=False)
+
+  def _mode_entry(self, mode, m: Measured, pairs, cfg) -> dict:
+    tm, c, first = m.timing, m.compiled, m.first_call_s
     return {"ms": tm.median_ms, "tflops": flops(mode, pairs, cfg.d, cfg.n) / tm.median_ms / 1e9,
             "timer": tm.timer, "wall_ms": tm.wall_median_ms, "compile_s": c.compile_s,
             "first_call_s": first, "samples_ms": [round(s, 5) for s in tm.samples_ms],

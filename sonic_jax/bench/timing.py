@@ -123,17 +123,19 @@ class Measured:
   """What ``compile_and_time`` returns."""
   compiled: Compiled
   first_call_s: float     # trace + lower + compile + the first call
-  out: Any                # the first call's outputs (for correctness checks)
+  out: Any                # the first call's outputs (for correctness checks); None: not kept
   timing: Timing | None   # None when iters == 0 (compile and run once, no timing)
 
 
 def compile_and_time(fn: Callable, args: tuple, *, iters: int, warmup: int = 0,
-                     wall_too: bool = False, max_live_bytes: int = 8 << 30) -> Measured:
-  """compile_fn + one call (outputs kept, first-call time) + ``time_compiled``.
+                     wall_too: bool = False, max_live_bytes: int = 8 << 30,
+                     keep_out: bool = True) -> Measured:
+  """compile_fn + one call (first-call time) + ``time_compiled``.
 
-  The loop the GPU measurement scripts share. ``warmup`` counts calls after the first one;
+  The loop every GPU measurement shares. ``warmup`` counts calls after the first one;
   on a GPU each CUPTI batch starts with one more (``profiler.measure``'s own warm-up).
   ``iters=0`` only compiles and runs once (interpreter smoke runs time nothing).
+  ``keep_out=False`` frees the first call's outputs before timing (large layer steps).
   """
   if iters < 0:
     raise ValueError(f"compile_and_time: iters must be >= 0, got {iters}")
@@ -143,6 +145,8 @@ def compile_and_time(fn: Callable, args: tuple, *, iters: int, warmup: int = 0,
   t0 = time.perf_counter()
   out = jax.block_until_ready(c.fn(*args))
   first_call_s = c.compile_s + (time.perf_counter() - t0)
+  if not keep_out:
+    out = None
   timing = None
   if iters:
     timing = time_compiled(c, args, warmup=warmup, iters=iters, wall_too=wall_too,

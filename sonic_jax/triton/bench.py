@@ -3,9 +3,9 @@
   python -m sonic_jax.triton.bench --out DIR
 
 Times with sonic_jax.bench.timing (on a GPU: CUPTI, the sum of kernel times per call; elsewhere
-the wall clock), after warm-up, median of --iters; random data. Checks each variant against the xla path before
-timing it (metadata bit-exact, combine by relative error). Writes DIR/triton-bench.json and
-prints a table last.
+the wall clock), after warm-up, median of --iters; random data. Checks each variant against the
+xla path before timing it (metadata bit-exact, combine by relative error). Writes
+DIR/triton-bench.json and prints a table last.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from sonic_jax import routing
 from sonic_jax import triton as tri
-from sonic_jax.bench.timing import compile_fn, on_gpu, time_compiled
+from sonic_jax.bench.timing import compile_and_time, on_gpu
 from sonic_jax.routing import RoutingPlan
 
 ROUTING_CONFIGS = [(32768, 128, 8), (32768, 128, 16), (32768, 256, 8), (32768, 256, 16),
@@ -35,9 +35,7 @@ _FIELDS = ("group_sizes", "group_offsets", "gather_idx", "scatter_idx", "reverse
 
 def _time(fn, args, iters, warmup=3):
   """(median, min, max) ms: sonic_jax.bench.timing (CUPTI kernel sum on a GPU, else wall)."""
-  c = compile_fn(fn, args)
-  jax.block_until_ready(c.fn(*args))
-  t = time_compiled(c, args, warmup=warmup, iters=iters, wall_too=False)
+  t = compile_and_time(fn, args, iters=iters, warmup=warmup, keep_out=False).timing
   if t.timer != "cupti" and on_gpu():
     raise RuntimeError(f"no GPU-side timing: {t.note}")
   return t.median_ms, min(t.samples_ms), max(t.samples_ms)
