@@ -412,3 +412,29 @@ def test_bench_cpu_smoke(tmp_path, capsys):
   assert comb["rel_err"] == 0.0 and comb["TBps"] > 0
   assert doc["env"]["copy_TBps"] > 0
   assert "copy bandwidth" in capsys.readouterr().out
+
+
+def test_jax_triton_call_passes_arrays_then_scalars_and_loops_under_vmap(monkeypatch):
+  """jax-triton is not installed on CPUs: a stand-in triton_call records what the launch helper
+  passes (arrays first, then the scalars, then the keywords); under vmap it becomes the body of
+  a loop over the batch and only ever sees one element's arrays."""
+  import sys
+  import types
+  seen = []
+
+  def triton_call(*args, kernel, out_shape, **kw):
+    seen.append((tuple(getattr(a, "shape", a) for a in args), kernel, kw))
+    x, y, n = args
+    return x * n + y
+
+  monkeypatch.setitem(sys.modules, "jax_triton", types.SimpleNamespace(triton_call=triton_call))
+  x, y = jnp.arange(6.0).reshape(3, 2), jnp.ones((3, 2))
+  out = tri.jax_triton_call(x, y, scalars=(5,), kernel="k", out_shape=None, grid=(1,))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(x * 5 + y))
+  assert seen == [(((3, 2), (3, 2), 5), "k", {"grid": (1,)})]
+  seen.clear()
+  out = jax.vmap(lambda a: tri.jax_triton_call(a, y[0], scalars=(2,), kernel="k",
+                                               out_shape=None))(x)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(x * 2 + y))
+  # One traced loop body over the batch, which sees a single element's shapes.
+  assert [s[0] for s in seen] == [((2,), (2,), 2)]

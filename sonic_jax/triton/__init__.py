@@ -62,6 +62,13 @@ def sequential(call):
   return jax.custom_batching.sequential_vmap(call)
 
 
+def jax_triton_call(*arrays, scalars: tuple = (), **kwargs):
+  """``jax_triton.triton_call(*arrays, *scalars, **kwargs)`` through ``sequential``: the arrays
+  are batched under vmap, the scalars (Python numbers) are closed over."""
+  import jax_triton as jt
+  return sequential(lambda *a: jt.triton_call(*a, *scalars, **kwargs))(*arrays)
+
+
 def validate_impl(impl) -> None:
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -115,7 +122,7 @@ from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  #
 from sonic_jax.triton.select import SelectConfig, select_top_per_column  # noqa: E402
 from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
-__all__ = ["IMPLS", "ROUTE_IMPLS", "sequential", "AUTO_ROUTE_ORDER", "resolve_route_impl",
+__all__ = ["IMPLS", "ROUTE_IMPLS", "sequential", "jax_triton_call", "AUTO_ROUTE_ORDER", "resolve_route_impl",
            "validate_route_impl", "TopKConfig",
            "MetadataConfig", "CombineConfig", "topk_softmax", "routing_metadata",
            "plan_from_assignments", "route_logits", "combine", "jax_triton_unavailable_reason",

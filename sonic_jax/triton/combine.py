@@ -91,15 +91,14 @@ def combine(y: jax.Array, plan: RoutingPlan, scores: jax.Array | None, out_dtype
                            config.block_t, block_d, config.num_warps, bool(interpret))
     args = (rev.reshape(num_tokens, k),) + ((s.reshape(num_tokens, k),) if weighted else ())
     return tri.sequential(call)(*args, y)
-  import jax_triton as jt
   from sonic_jax.triton import _jt_kernels as jk
   grid = (-(-num_tokens // config.block_t), d // block_d)
   s_arg = s if weighted else jnp.zeros((1,), _F32)
-  return tri.sequential(lambda y_, r_, s_: jt.triton_call(
-      y_, r_, s_, num_tokens, kernel=jk.combine_kernel,
+  return tri.jax_triton_call(
+      y, rev, s_arg, scalars=(num_tokens,), kernel=jk.combine_kernel,
       out_shape=jax.ShapeDtypeStruct((num_tokens, d), out_dtype), grid=grid,
       num_warps=config.num_warps, num_stages=1, D=d, K=k, WEIGHTED=weighted,
-      BLOCK_T=config.block_t, BLOCK_D=block_d))(y, rev, s_arg)
+      BLOCK_T=config.block_t, BLOCK_D=block_d)
 
 
 __all__ = ["CombineConfig", "combine", "validate_combine", "block_d_for"]

@@ -117,13 +117,12 @@ def routing_metadata(expert_ids: jax.Array, *, num_experts: int, top_k: int | No
     counts = tri.sequential(pk.histogram_call(num_pairs, num_experts, e_pad, chunk, nchunk,
                                               config.num_warps, bool(interpret)))(keys, nv)
   else:
-    import jax_triton as jt
     from sonic_jax.triton import _jt_kernels as jk
-    counts = tri.sequential(lambda k_, n_: jt.triton_call(
-        k_, n_, num_pairs, kernel=jk.histogram_kernel,
+    counts = tri.jax_triton_call(
+        keys, nv, scalars=(num_pairs,), kernel=jk.histogram_kernel,
         out_shape=jax.ShapeDtypeStruct((num_blocks, e_pad), _I32), grid=(num_blocks,),
         num_warps=config.num_warps, num_stages=1, E=num_experts, E_PAD=e_pad, CHUNK=chunk,
-        NCHUNK=nchunk))(keys, nv)
+        NCHUNK=nchunk)
 
   before = jnp.cumsum(counts, axis=0, dtype=_I32) - counts  # exclusive over blocks
   group_sizes = (before[-1] + counts[-1])[:num_experts]
@@ -138,10 +137,10 @@ def routing_metadata(expert_ids: jax.Array, *, num_experts: int, top_k: int | No
         bool(interpret)))(keys, tokens, base, nv)
   else:
     out_shape = tuple(jax.ShapeDtypeStruct((num_pairs,), _I32) for _ in range(3))
-    rev, scat, gath = tri.sequential(lambda k_, t_, b_, n_: jt.triton_call(
-        k_, t_, b_, n_, num_pairs, kernel=jk.scatter_kernel, out_shape=out_shape,
-        grid=(num_blocks,), num_warps=config.num_warps, num_stages=1, E=num_experts,
-        E_PAD=e_pad, TOP_K=k_arg, CHUNK=chunk, NCHUNK=nchunk))(keys, tokens, base, nv)
+    rev, scat, gath = tri.jax_triton_call(
+        keys, tokens, base, nv, scalars=(num_pairs,), kernel=jk.scatter_kernel,
+        out_shape=out_shape, grid=(num_blocks,), num_warps=config.num_warps, num_stages=1,
+        E=num_experts, E_PAD=e_pad, TOP_K=k_arg, CHUNK=chunk, NCHUNK=nchunk)
   return group_sizes, group_offsets, gath, scat, rev
 
 

@@ -125,12 +125,11 @@ def select_top_per_column(values: jax.Array, counts: jax.Array, *, impl: str = "
     keep = tri.sequential(pk.select_call(num_rows, num_cols, chunk, bits, num_warps,
                                          bool(interpret)))(keys, counts)
   else:
-    import jax_triton as jt
     from sonic_jax.triton import _jt_kernels as jk
-    keep = tri.sequential(lambda k_, c_: jt.triton_call(
-        k_, c_, num_rows, kernel=jk.select_kernel,
+    keep = tri.jax_triton_call(
+        keys, counts, scalars=(num_rows,), kernel=jk.select_kernel,
         out_shape=jax.ShapeDtypeStruct((num_cols, num_rows), jnp.int8), grid=(num_cols,),
-        num_warps=num_warps, num_stages=1, CHUNK=chunk, BITS=bits))(keys, counts)
+        num_warps=num_warps, num_stages=1, CHUNK=chunk, BITS=bits)
   return keep.T != 0
 
 

@@ -82,14 +82,13 @@ def _launch(logits, top_k, impl, config: TopKConfig, interpret):
     x = logits if e == e_pad else jnp.pad(logits, ((0, 0), (0, e_pad - e)))
     return tri.sequential(pk.topk_softmax_call(num_rows, e, e_pad, top_k, block_t,
                                                config.num_warps, bool(interpret)))(x)
-  import jax_triton as jt
   from sonic_jax.triton import _jt_kernels as jk
   out_shape = (jax.ShapeDtypeStruct((num_rows, top_k), jnp.float32),
                jax.ShapeDtypeStruct((num_rows, top_k), jnp.int32))
-  return tri.sequential(lambda l: jt.triton_call(
-      l, num_rows, kernel=jk.topk_softmax_kernel, out_shape=out_shape,
+  return tri.jax_triton_call(
+      logits, scalars=(num_rows,), kernel=jk.topk_softmax_kernel, out_shape=out_shape,
       grid=(-(-num_rows // block_t),), num_warps=config.num_warps, num_stages=1, E=e,
-      E_PAD=e_pad, K=top_k, BLOCK_T=block_t))(logits)
+      E_PAD=e_pad, K=top_k, BLOCK_T=block_t)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
