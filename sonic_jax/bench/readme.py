@@ -114,7 +114,8 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
     mem_impls = [i for i in ran if kinds.get(i) == "backend"
                  or i in ("mgpu-grouped", "sonicmoe-torch")]
     has_h200 = any(r.get("sonic_h200_tflops") for r in doc["results"])
-    header = (["config", "T, d, n, E, K"] + ran + (["paper H100 SonicMoE (fwd / bwd)"] if has_paper else [])
+    header = (["config", "T, d, n, E, K"] + ran
+              + (["paper H100 SonicMoE (fwd / bwd)"] if has_paper else [])
               + (["original SonicMoE H200, spec §7.2b (fwd / f+b)"] if has_h200 else [])
               + [f"GiB {i}" for i in mem_impls])
     rows = []

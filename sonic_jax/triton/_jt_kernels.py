@@ -1,10 +1,10 @@
 """Triton kernels called through jax-triton (imported only when ``triton`` and ``jax_triton`` are).
 
 Four families, each a plain ``@triton.jit`` function; the JAX wrappers (shapes, validation,
-launch grids) are in topk.py, metadata.py, combine.py and select.py. Parameter order is jax-triton's:
-the inputs as passed to ``triton_call`` (arrays and scalars in that order), then the outputs,
-then the constexprs. All index math that can exceed 2**31
-(row * d) is done in int64.
+launch grids) are in topk.py, metadata.py, combine.py and select.py. Parameter order is
+jax-triton's: the inputs as passed to ``triton_call`` (arrays and scalars in that order), then
+the outputs, then the constexprs. All index math that can exceed 2**31 (row * d) is done in
+int64.
 """
 
 from __future__ import annotations
