@@ -45,7 +45,7 @@ PAPER = {
     "120B-1024": (32768, 4096, 1024, 128, 8, 558), "120B-2048": (32768, 4096, 2048, 64, 4, 595),
 }
 DEFAULT_CONFIGS = "7B-256,7B-1024,30B-512,120B-2048"
-FUSED_CONFIGS = ("7B-1024", "30B-512")
+PARTS = ("up", "down", "combine", "forward", "dx", "variants")
 
 
 def rel(a, b) -> float:
@@ -168,7 +168,7 @@ def run_config(name, shape, args, log):
   if copy_ms:  # read + write bytes per second of an elementwise pass: the copy bandwidth
     rec["copy_gbps"] = 2 * tk * d * 2 / (copy_ms * 1e-3) / 1e9
 
-  vars_up = variants(d, n, name in FUSED_CONFIGS and not args.no_fused)
+  vars_up = variants(d, n, not args.no_fused)
   vars_down = variants(d, n, False)
   a_ref = jax.random.normal(jax.random.key(3), (plan.capacity, n), jnp.float32).astype(
       jnp.bfloat16)
@@ -227,15 +227,28 @@ def run_config(name, shape, args, log):
 
   # Most important first: a timeout then loses only the extra variants.
   (hname, hkern), rest_up, rest_down = vars_up[0], vars_up[1:], vars_down[1:]
-  guarded(f"up_proj[{hname}]", lambda: up(hkern, hname))
-  guarded(f"down_proj[{hname}]", lambda: down(hkern, hname))
-  guarded("combine", comb)
-  guarded(f"forward[{hname}]", lambda: fwd(hkern, hname))
-  guarded(f"dx_pairs[{hname}]", lambda: dx(hkern, hname))
-  for vname, kv in rest_up:
-    guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
-  for vname, kv in rest_down:
-    guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
+  parts = set(args.parts.split(","))
+  fused = [(vn, kv) for vn, kv in rest_up if vn == "fused-gather"]
+  if "up" in parts:
+    guarded(f"up_proj[{hname}]", lambda: up(hkern, hname))
+    for vname, kv in fused:
+      guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
+  if "down" in parts:
+    guarded(f"down_proj[{hname}]", lambda: down(hkern, hname))
+  if "combine" in parts:
+    guarded("combine", comb)
+  if "forward" in parts:
+    guarded(f"forward[{hname}]", lambda: fwd(hkern, hname))
+    for vname, kv in fused:
+      guarded(f"forward[{vname}]", lambda: fwd(kv, vname))
+  if "dx" in parts:
+    guarded(f"dx_pairs[{hname}]", lambda: dx(hkern, hname))
+  if "variants" in parts:
+    for vname, kv in rest_up:
+      if vname != "fused-gather":
+        guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
+    for vname, kv in rest_down:
+      guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
   return rec
 
 
@@ -332,7 +345,10 @@ def main():
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
   ap.add_argument("--interpret", action="store_true")
-  ap.add_argument("--no-fused", action="store_true")
+  ap.add_argument("--no-fused", action="store_true", help="skip the fused-gather up_proj")
+  ap.add_argument("--parts", default=",".join(PARTS),
+                  help=f"comma-separated subset of {','.join(PARTS)} (the fused-gather variant "
+                       "runs with up and forward)")
   ap.add_argument("--skip-check", action="store_true")
   args = ap.parse_args()
   dev = jax.devices()[0]

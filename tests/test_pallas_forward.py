@@ -220,13 +220,27 @@ def test_swizzled_epilogue_matches_xla(wgs):
   _check_up_down(kern, plan, d, n)
 
 
-def test_fused_gather_variant_matches_xla():
-  """gather='fused': 1-row TMAs of x rows inside the kernel instead of an XLA gather."""
-  kern = PallasKernels(interpret=True, config=ForwardConfig(up_proj=GemmConfig(
-      block_n=32, gather="fused", **dict(_SMALL, block_k=64))))
-  plan = _case("straddle_e5")
-  d, n = 64, 32
-  _check_up_down(kern, plan, d, n, down=False)
+# (case, wgs, stages, block_k, d): the cp.async gather's ring protocol (publish lag = stages - 2,
+# the drain at the end of each CTA) with 1 and 2 k steps per tile, ring shorter and longer than a
+# tile, 1 and 2 consumer warpgroups; empty experts, one expert with every token (full tiles), and
+# groups straddling tiles.
+FUSED_CASES = [
+    ("straddle_e5", 1, 3, 64, 64),
+    ("straddle_e5", 2, 4, 32, 128),
+    ("empty_experts", 2, 3, 64, 64),
+    ("one_expert_all_tokens", 1, 5, 32, 128),
+    ("one_expert_all_tokens", 2, 2, 64, 64),
+]
+
+
+@pytest.mark.parametrize("name,wgs,stages,block_k,d", FUSED_CASES)
+def test_fused_gather_variant_matches_xla(name, wgs, stages, block_k, d):
+  """gather='fused': the producer warpgroup gathers x rows into the ring (cp.async on the GPU,
+  plain row copies in the interpreter) instead of an XLA gather; H and A against xla."""
+  cfg = GemmConfig(block_n=32, gather="fused", num_compute_wgs=wgs,
+                   **dict(_SMALL, block_k=block_k, max_concurrent_steps=stages))
+  kern = PallasKernels(interpret=True, config=ForwardConfig(up_proj=cfg))
+  _check_up_down(kern, _case(name), d, 64 if wgs == 2 else 32, down=False)
 
 
 def test_validate_rejects_untileable_shapes():
@@ -341,8 +355,13 @@ LOWERING_VARIANTS = [
     ("up_ws", "up", 256, 128, dict(block_n=64, max_concurrent_steps=3, num_compute_wgs=2)),
     ("up_single", "up", 128, 64, dict(block_n=64, max_concurrent_steps=4)),
     ("up_single_inference", "up_inference", 128, 64, dict(block_n=64, max_concurrent_steps=4)),
-    ("up_fused_gather", "up", 128, 64, dict(block_n=64, max_concurrent_steps=3,
+    ("up_fused_gather", "up", 128, 64, dict(block_n=64, max_concurrent_steps=5,
                                             gather="fused")),
+    ("up_fused_gather_ws", "up", 256, 128, dict(block_n=64, block_k=32, max_concurrent_steps=6,
+                                               num_compute_wgs=2, gather="fused",
+                                               epilogue_swizzle=True)),
+    ("up_fused_gather_inference", "up_inference", 128, 64, dict(
+        block_n=64, max_concurrent_steps=4, gather="fused")),
     ("down_ws", "down", 256, 128, dict(block_n=128, max_concurrent_steps=3,
                                        num_compute_wgs=2)),
     ("down_single_bn64", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5)),

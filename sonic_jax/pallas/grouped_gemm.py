@@ -8,9 +8,10 @@ over all experts). Each tile loads a full ``block_m`` rows window starting at a 
 only its own rows with a ladder of power-of-two TMA stores, so rows outside the groups are never
 written.
 
-The row gather of lhs (x[gather_idx]) is done either by XLA before the kernel (``gather="xla"``,
-the fast path) or inside the kernel (``gather="fused"``: one 1-row TMA per gathered row into an
-untiled staging ring, then registers -> swizzled SMEM -> wgmma; see docs/pallas-forward.md).
+The row gather of lhs (x[gather_idx]) is done either by XLA before the kernel (``gather="xla"``)
+or inside the kernel (``gather="fused"``: a producer warpgroup copies the gathered rows with
+cp.async straight into the swizzled wgmma tiles, ``cp_async.py``; no (rows, k) gathered copy in
+HBM; see docs/pallas-forward.md).
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sonic_jax.pallas import cp_async
 from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.configs import GemmConfig
 
 Epilogue = Literal["none", "swiglu"]
 
 _F32 = jnp.float32
+_PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused-gather kernel
+
+
+def _consumer_regs(wgs: int) -> int:
+  # 512 registers per thread slot across the warpgroups (64K per SM / 128 threads), in 8s.
+  return min(240, (512 - _PRODUCER_REGS) // wgs // 8 * 8)
 
 
 def _num_sms(config: GemmConfig, interpret: bool) -> int:
@@ -81,9 +89,9 @@ def smem_bytes(config: GemmConfig, *, epilogue: Epilogue, inference: bool = Fals
   n_b = 2 if swiglu else 1
   stage = (bm * bk + n_b * bk * bn * wgs) * itemsize
   epi = wgs * epilogue_tiles(swiglu, inference) * bm * bn * itemsize
-  if config.gather == "fused":  # staging ring + b ring, then a wgmma-ready A tile
-    return config.max_concurrent_steps * stage + bm * bk * itemsize + epi
   ring = config.max_concurrent_steps * stage
+  if config.gather == "fused":  # the ring and the epilogue tiles are live together
+    return ring + epi
   # One warpgroup: the pipeline's ring is freed before the epilogue tiles are allocated.
   return ring + epi if wgs > 1 else max(ring, epi)
 
@@ -388,74 +396,119 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  # ----------------------------------------------- fused gather: per-row TMA into a staging ring
+  # ------------------- fused gather: cp.async producer warpgroup + wgs consumer warpgroups
+  # Own pipeline (emit_pipeline's producer only issues TMA): a ring of `slots` stages, each an A
+  # tile (gathered rows, written by the producer's 128 threads with cp.async, cp_async.py) and the
+  # B tiles (TMA). Per slot: full_a (completes when every producer thread's copies of the stage
+  # have landed: cp.async.mbarrier.arrive.noinc), full_b (the B TMAs), empty (one arrival per
+  # consumer warpgroup once its wgmmas of the stage are done). Global step g of a CTA uses slot
+  # g % slots for the (g // slots)-th time, which gives full_a's phase parity.
   def body_fused(expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref,
                  *rest):
     out_refs = rest[:len(out_cols)]
-    stage, a_tiled, b_bufs, bars = rest[len(out_cols):]
+    a_ring, b_ring, epi_smem, full_a, full_b, empty = rest[len(out_cols):]
     num_tiles = ntiles_ref[0]
     slots = config.max_concurrent_steps
     n_rhs = num_accs
+    wg = lax.axis_index("wg")
+    interp = bool(interpret)
+    cp_async.init_barriers(full_a, slots, interpret=interp)
 
-    def issue(step_k, slot, row_load, e, ni):
-      for r in range(bm):
-        row = gidx_ref[row_load + r]  # scalar loads; L1/L2 hits after the first k step
-        plgpu.copy_gmem_to_smem(lhs_ref.at[pl.ds(row, 1), pl.ds(step_k * bk, bk)],
-                                stage.at[slot, pl.ds(r, 1)], bars.at[slot])
-      for j in range(n_rhs):
-        c0 = (ni + j * grid_n) * bn
-        plgpu.copy_gmem_to_smem(rhs_ref.at[e, pl.ds(step_k * bk, bk), pl.ds(c0, bn)],
-                                b_bufs.at[slot, j], bars.at[slot])
+    def tiles_loop(body):
+      @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
+      def _loop(info: plgpu.NDLoopInfo, carry):
+        mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1,
+                                    config.grid_tile_width)
+        body(mi, ni, carry)
+        return carry + k_steps  # global k step of this CTA (the ring position)
+      return _loop
 
-    @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm")
-    def _tile_loop(info: plgpu.NDLoopInfo):
-      mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_tile_width)
-      e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
-      for s in range(min(slots - 1, k_steps)):
-        issue(s, s, row_load, e, ni)
+    @pl.when(wg == wgs)
+    def _producer():
+      plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
 
-      def acc_scope(*acc_refs):
-        def k_body(kk, _):
-          slot = lax.rem(kk, slots)
-          plgpu.barrier_wait(bars.at[slot])
-          a_tiled[...] = plgpu.load(stage.at[slot], layout=plgpu.Layout.WGMMA, optimized=False)
-          plgpu.commit_smem()
-          for acc, j in zip(acc_refs, range(n_rhs)):
-            plgpu.wgmma(acc, a_tiled, b_bufs.at[slot, j])
-          plgpu.wgmma_wait(0)
-          nxt = kk + slots - 1
+      def tile(mi, ni, g0):
+        e, _, _, row_load, _ = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
 
-          @pl.when(nxt < k_steps)
+        @pl.loop(0, k_steps)
+        def _k(kk):
+          g = g0 + kk
+          slot = lax.rem(g, slots)
+
+          @pl.when(g >= slots)
           def _():
-            issue(nxt, lax.rem(nxt, slots), row_load, e, ni)
-          return ()
+            plgpu.barrier_wait(empty.at[slot])
+          for j in range(n_rhs):
+            c0 = (ni + j * grid_n) * bn_cta
+            if transpose_rhs:
+              src = rhs_ref.at[e, pl.ds(c0, bn_cta), pl.ds(kk * bk, bk)]
+            else:
+              src = rhs_ref.at[e, pl.ds(kk * bk, bk), pl.ds(c0, bn_cta)]
+            plgpu.copy_gmem_to_smem(src, b_ring.at[slot, j], full_b.at[slot])
+          cp_async.issue_gather(gidx_ref, lhs_ref, a_ring, full_a, slot=slot, row0=row_load,
+                                k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
 
-        lax.fori_loop(0, k_steps, k_body, ())
-        return tuple(a[...] for a in acc_refs)
+      total = tiles_loop(tile)
 
-      accs = pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
+      # Observe the consumers' releases of the last stages too, so every barrier phase has been
+      # awaited when the barriers are freed (the interpreter checks this).
+      @pl.loop(jnp.maximum(total - slots, 0), total)
+      def _released(g):
+        plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
 
-      @functools.partial(pl.run_scoped, epi_smem=epi_alloc((n_epi, bm, bn)))
-      def _store(epi_smem):
-        epilogue_store(accs, out_refs, epi_smem, ni=ni, wg=0, row_start=row_start, rows=rows,
-                       off=off, row_load=row_load)
+    @pl.when(wg < wgs)
+    def _consumers():
+      plgpu.set_max_registers(_consumer_regs(wgs), action="increase")
+      wg_slice = pl.ds(wg * bn, bn)
 
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      def tile(mi, ni, g0):
+        e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
+        del e
+
+        def acc_scope(*acc_refs):
+          @pl.loop(0, k_steps)
+          def _k(kk):
+            g = g0 + kk
+            slot = lax.rem(g, slots)
+            plgpu.barrier_wait(full_b.at[slot])
+            cp_async.wait_gathered(full_a, slot=slot, parity=lax.rem(g // slots, 2),
+                                   interpret=interp)
+            wgmma_step(acc_refs, a_ring.at[slot], [b_ring.at[slot, j] for j in range(n_rhs)],
+                       wg_slice)
+            plgpu.wgmma_wait(1)  # step g - 1's wgmmas are done: its stage can be refilled
+
+            @pl.when(kk > 0)
+            def _():
+              plgpu.barrier_arrive(empty.at[lax.rem(g - 1 + slots, slots)])
+          accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
+          plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
+          epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
+          epilogue_store(accs, out_refs, epi, ni=ni, wg=wg, row_start=row_start, rows=rows,
+                         off=off, row_load=row_load)
+        pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
+
+      tiles_loop(tile)
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
   common = dict(out_type=out_type, grid=(_num_sms(config, bool(interpret)),), grid_names=("sm",),
                 compiler_params=params, interpret=_interpret_params(interpret))
   if fused_gather:
-    if wgs != 1:
-      raise ValueError("gather='fused' supports num_compute_wgs=1 only")
     slots = config.max_concurrent_steps
+    itemsize = jnp.dtype(dtype).itemsize
+    b_shape = (bn_cta, bk) if transpose_rhs else (bk, bn_cta)
     scratch = [
-        plgpu.SMEM((slots, bm, bk), dtype),  # untiled: 1-row TMA destinations
-        plgpu.SMEM((bm, bk), dtype),  # wgmma-ready A tile
-        plgpu.SMEM((slots, num_accs, bk, bn), dtype),
-        plgpu.Barrier(num_arrivals=bm + num_accs, num_barriers=slots),
+        # Untiled in the interpreter (it checks no layouts and its row stores need none).
+        plgpu.SMEM((slots, bm, bk), dtype, transforms=(
+            () if interpret else cp_async.a_transforms(bk, itemsize))),
+        plgpu.SMEM((slots, num_accs, *b_shape), dtype),
+        epi_alloc((wgs, n_epi, bm, bn)),
+        cp_async.barrier_scratch(slots, interpret=bool(interpret)),
+        plgpu.Barrier(num_arrivals=num_accs, num_barriers=slots),
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),
     ]
-    return plgpu.kernel(body_fused, scratch_types=scratch, **common)
+    return plgpu.kernel(body_fused, scratch_types=scratch, num_threads=wgs + 1,
+                        thread_name="wg", **common)
   if wgs == 1:
     return plgpu.kernel(body_single, **common)
   return plgpu.kernel(body_ws, num_threads=wgs + 1, thread_name="wg", **common)

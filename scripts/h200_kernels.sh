@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call for kernel work (fused gather, Triton selection), logs packed into $OUT/logs.tgz:
+#   1. the Pallas forward GPU tests (xla and fused gather, against the xla backend);
+#   2. benchmarks/pallas_forward.py: up_proj and the whole forward, XLA gather vs fused gather;
+#   3. the Triton GPU tests (routing kernels and the radix-select kernel);
+#   4. benchmarks/token_rounding_select.py with a config sweep.
+#   run(command="bash scripts/h200_kernels.sh", carry=[".whl"], timeout_s=600)
+# Knobs: PF_TEST_S, PF_BENCH_S, PF_CONFIGS, PF_PARTS, TRITON_TEST_S, SELECT_S, SELECT_CONFIGS.
+set -uo pipefail
+T0=$(date +%s)
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+OUT=${OUT:-$PWD/kernels_out}
+LOGS=/tmp/kernel_logs
+mkdir -p "$OUT" "$LOGS"
+pack() { tar czf "$OUT/logs.tgz" -C /tmp kernel_logs; }
+PY=${PYTHON:-python3}
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+since() { echo $(( $(date +%s) - T0 )); }
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      .whl/*.whl || echo "warning: wheel install failed"
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$LOGS/gpu.txt"
+if [ "${PF_TEST_S:-150}" -gt 0 ]; then
+  echo "== [$(since) s] Pallas forward GPU tests"
+  timeout "${PF_TEST_S:-150}" $PY -m pytest -m gpu -q -p no:cacheprovider -x \
+    tests/test_pallas_forward.py -k "${PF_TEST_K:-gpu_forward}" 2>&1 \
+    | tee "$LOGS/pallas-forward-gpu-tests.log" | tail -n 15
+  pack
+fi
+if [ "${PF_BENCH_S:-200}" -gt 0 ]; then
+  echo "== [$(since) s] pallas_forward.py (${PF_PARTS:-up,forward})"
+  mkdir -p "$LOGS/pf"
+  timeout "${PF_BENCH_S:-200}" $PY benchmarks/pallas_forward.py --out-dir "$LOGS/pf" \
+    --configs "${PF_CONFIGS:-7B-1024,30B-512,7B-256,120B-1024}" --parts "${PF_PARTS:-up,forward}" \
+    2>&1 | tail -n 40
+  pack
+fi
+if [ "${TRITON_TEST_S:-120}" -gt 0 ]; then
+  echo "== [$(since) s] Triton GPU tests"
+  timeout "${TRITON_TEST_S:-120}" $PY -m pytest -m gpu -q -p no:cacheprovider \
+    tests/test_triton.py tests/test_triton_select.py 2>&1 \
+    | tee "$LOGS/triton-gpu-tests.log" | tail -n 12
+  pack
+fi
+if [ "${SELECT_S:-80}" -gt 0 ]; then
+  echo "== [$(since) s] token-rounding selection"
+  timeout "${SELECT_S:-80}" $PY benchmarks/token_rounding_select.py \
+    --configs "${SELECT_CONFIGS:-default,2048:8:8,1024:8:4,4096:8:8,2048:4:8}" \
+    --out "$LOGS/token-rounding-select-h200.md" 2>&1 | tail -n 24
+  pack
+fi
+echo "== [$(since) s] done"

@@ -1,0 +1,177 @@
+"""Row-gathered GMEM -> swizzled SMEM loads with cp.async, for the producer warpgroup.
+
+TMA on Hopper cannot gather rows (its gather4 mode is sm_100 only), and one 1-row TMA per row is
+bound by the single issuing thread (docs/pallas-forward.md). SonicMoE's Hopper kernels gather
+with cp.async instead: every thread of a producer warpgroup copies 16-byte chunks of the rows
+it owns straight into the wgmma-ready (tiled, swizzled) SMEM tile. Pallas exposes cp.async only
+for pre-Hopper GPUs, so these helpers emit it through ``plgpu.inline_mgpu``:
+
+* ``issue_gather``: ``a[slot][r, :] = lhs[gidx[row0 + r], k0 : k0 + block_k]`` for every row r
+  of the (block_m, block_k) tile, then ``cp.async.mbarrier.arrive.noinc`` on the slot's mbarrier:
+  the barrier (initialized for 128 arrivals by ``init_barriers``) completes its phase once every
+  thread's copies have landed, without the producer ever waiting for its own loads;
+* ``wait_gathered``: a consumer's wait for that phase (its parity is known from the step count),
+  then a generic -> async proxy fence, so the wgmma (async proxy) reads what cp.async (generic
+  proxy) wrote.
+
+These mbarriers are plain 8-byte SMEM words (``barrier_scratch``), not Pallas barriers: inline
+Mosaic GPU code cannot take a Pallas barrier as an argument.
+
+The destination layout is the one Mosaic GPU gives an SMEM ref with
+``TilingTransform((8, block_k))`` + ``SwizzleTransform(2 * block_k)`` (one swizzle row per tile
+row, so row r starts at byte r·swizzle): 16-byte chunk c of row r lands in chunk
+c ^ ((r·swizzle >> 7) & (swizzle / 16 - 1)), the hardware's swizzle pattern that TMA writes and
+wgmma reads.
+
+The interpreter cannot run ``inline_mgpu``; with ``interpret`` the same copy is done with plain
+ref loads/stores into an untiled ring and the barriers are Pallas barriers (one arrival after the
+copy), which keeps the kernel's protocol (who waits on which slot, in which order) the same in
+CPU tests; only the cp.async instructions themselves are GPU-only.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+WARPGROUP = 128
+CHUNK_BYTES = 16
+
+
+def swizzle_bytes(block_k: int, itemsize: int) -> int:
+  """The swizzle of a fused-gather A tile: one 32/64/128-byte swizzle row per tile row."""
+  sw = block_k * itemsize
+  if sw not in (32, 64, 128):
+    raise ValueError(f"gather='fused' needs block_k * itemsize in (32, 64, 128) bytes, got "
+                     f"block_k={block_k} ({sw} bytes)")
+  return sw
+
+
+def a_transforms(block_k: int, itemsize: int):
+  sw = swizzle_bytes(block_k, itemsize)
+  return (plgpu.TilingTransform((8, block_k)), plgpu.SwizzleTransform(sw))
+
+
+def barrier_scratch(slots: int, *, interpret: bool):
+  """Scratch for one gather mbarrier per ring slot (see the module docstring)."""
+  if interpret:
+    return plgpu.Barrier(num_arrivals=1, num_barriers=slots)
+  return plgpu.SMEM((slots, 2), jnp.int32)  # an 8-byte mbarrier per slot
+
+
+def _mlir():
+  # Imported lazily: jaxlib's MLIR bindings are only used when lowering for a GPU.
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, gpu, llvm, memref, nvvm
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  return ir, arith, gpu, llvm, memref, nvvm, mgpu_utils
+
+
+def _barrier_ptr(bars, slot_i):
+  ir, arith, _, _, _, _, mgpu_utils = _mlir()
+  i8 = ir.IntegerType.get_signless(8)
+  off = arith.muli(slot_i, mgpu_utils.c(8, ir.IntegerType.get_signless(32)))
+  return mgpu_utils.getelementptr(mgpu_utils.memref_ptr(bars), [off], i8)
+
+
+def init_barriers(bars, slots: int, *, interpret: bool) -> None:
+  """Initializes the gather mbarriers for 128 arrivals each. Every thread of the CTA must call
+  this (it ends with a CTA-wide barrier), before any warpgroup uses them."""
+  if interpret:
+    return
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
+  def _init(_, bars_ref):
+    ir, arith, gpu, _, _, nvvm, mgpu_utils = _mlir()
+    i32 = ir.IntegerType.get_signless(32)
+    first = arith.cmpi(arith.CmpIPredicate.eq, mgpu_utils.thread_idx(), mgpu_utils.c(0, i32))
+    for s in range(slots):
+      nvvm.mbarrier_init(_barrier_ptr(bars_ref, mgpu_utils.c(s, i32)),
+                         mgpu_utils.c(WARPGROUP, i32), predicate=first)
+    nvvm.fence_mbarrier_init()
+    gpu.barrier()
+
+  _init(bars)
+
+
+def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: int, block_k: int,
+                 interpret: bool) -> None:
+  """Starts the copy of ``block_m`` gathered rows into ``a_ring[slot]`` (block_m, block_k); the
+  slot's mbarrier completes when they have landed.
+
+  gidx_ref: (M,) int32 GMEM; lhs_ref: (T, k) GMEM; slot, row0, k0: int32 scalars.
+  """
+  if interpret:
+    for r in range(block_m):
+      a_ring[slot, r, :] = lhs_ref[gidx_ref[row0 + r], pl.ds(k0, block_k)]
+    plgpu.barrier_arrive(bars.at[slot])
+    return
+  itemsize = jnp.dtype(lhs_ref.dtype).itemsize
+  sw = swizzle_bytes(block_k, itemsize)
+  chunks_per_row = sw // CHUNK_BYTES
+  rows_per_pass = WARPGROUP // chunks_per_row
+  if block_m % rows_per_pass:
+    raise ValueError(f"block_m ({block_m}) must be a multiple of {rows_per_pass}")
+  slot_bytes = block_m * sw
+  elems_per_chunk = CHUNK_BYTES // itemsize
+  layout = plgpu.Layout.WG_SPLAT
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(),
+                                plgpu.RefType(a_transforms(block_k, itemsize)), plgpu.RefType(),
+                                layout, layout, layout))
+  def _issue(_, gidx, lhs, ring, bars_ref, slot_v, row0_v, k0_v):
+    ir, arith, _, llvm, memref, nvvm, mgpu_utils = _mlir()
+    i8 = ir.IntegerType.get_signless(8)
+    i32 = ir.IntegerType.get_signless(32)
+    i64 = ir.IntegerType.get_signless(64)
+    index = ir.IndexType.get()
+    c32 = lambda v: mgpu_utils.c(v, i32)
+    slot_i, row0_i, k0_i = (v.registers.item() for v in (slot_v, row0_v, k0_v))
+    tid = arith.remui(mgpu_utils.thread_idx(), c32(WARPGROUP))
+    chunk = arith.remui(tid, c32(chunks_per_row))
+    r_base = arith.divui(tid, c32(chunks_per_row))
+    k = ir.MemRefType(lhs.type).shape[1]
+    elem = ir.MemRefType(lhs.type).element_type
+    gmem = llvm.addrspacecast(llvm.PointerType.get(address_space=1),
+                              mgpu_utils.memref_ptr(lhs))
+    smem = mgpu_utils.memref_ptr(ring)
+    slot_off = arith.muli(slot_i, c32(slot_bytes))
+    col64 = arith.extui(i64, arith.addi(k0_i, arith.muli(chunk, c32(elems_per_chunk))))
+    swz_mask = c32(chunks_per_row - 1)
+    passes = block_m // rows_per_pass
+    # All index loads first, so their latencies overlap instead of serializing with the copies.
+    rows = [arith.addi(r_base, c32(p * rows_per_pass)) for p in range(passes)]
+    src_rows = [memref.load(gidx, [arith.index_cast(index, arith.addi(row0_i, r))])
+                for r in rows]
+    for r, src_row in zip(rows, src_rows):
+      g_off = arith.addi(arith.muli(arith.extui(i64, src_row), mgpu_utils.c(k, i64)), col64)
+      g_ptr = mgpu_utils.getelementptr(gmem, [g_off], elem)
+      swz = arith.andi(arith.shrui(arith.muli(r, c32(sw)), c32(7)), swz_mask)
+      s_off = arith.addi(
+          arith.addi(slot_off, arith.muli(r, c32(sw))),
+          arith.shli(arith.xori(chunk, swz), c32(4)))
+      s_ptr = mgpu_utils.getelementptr(smem, [s_off], i8)
+      nvvm.cp_async_shared_global(s_ptr, g_ptr, CHUNK_BYTES, nvvm.LoadCacheModifierKind.CG)
+    nvvm.cp_async_mbarrier_arrive(_barrier_ptr(bars_ref, slot_i), noinc=True)
+
+  _issue(gidx_ref, lhs_ref, a_ring, bars, slot, row0, k0)
+
+
+def wait_gathered(bars, *, slot, parity, interpret: bool) -> None:
+  """Waits until the gather into ``slot`` with phase ``parity`` (use count of the slot mod 2)
+  has landed, then fences the generic proxy against the async proxy for shared memory."""
+  if interpret:
+    plgpu.barrier_wait(bars.at[slot])
+    return
+  layout = plgpu.Layout.WG_SPLAT
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), layout, layout))
+  def _wait(_, bars_ref, slot_v, parity_v):
+    ir, _, _, _, _, nvvm, mgpu_utils = _mlir()
+    i32 = ir.IntegerType.get_signless(32)
+    nvvm.mbarrier_try_wait_parity(_barrier_ptr(bars_ref, slot_v.registers.item()),
+                                  parity_v.registers.item(), mgpu_utils.c(10_000_000, i32))
+    nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+
+  _wait(bars, slot, parity)
