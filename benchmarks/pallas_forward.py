@@ -110,13 +110,26 @@ def variants(d, n, fused: bool):
   single_down = cfgs.GemmConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5,
                                 grid_tile_width=8)
   up_h, down_h = cfgs.swiglu_gemm_config(d, n), cfgs.plain_gemm_config(n, d)
-  out = [(f"heuristic wgs={up_h.num_compute_wgs}/{down_h.num_compute_wgs}", PallasKernels()),
+  out = [(f"heuristic wgs={up_h.num_compute_wgs}/{down_h.num_compute_wgs} {up_h.gather}",
+          PallasKernels()),
          ("1wg", PallasKernels(config=cfgs.ForwardConfig(up_proj=single_up, down_proj=single_down,
                                                          dx_pairs=single_down)))]
-  if fused:
-    out.append(("fused-gather", PallasKernels(config=cfgs.ForwardConfig(
-        up_proj=cfgs.swiglu_gemm_config(d, n, gather="fused")))))
+  if fused:  # the other gather mode than the heuristic's
+    other = "xla" if up_h.gather == "fused" else "fused"
+    out.append((f"{other}-gather", PallasKernels(config=cfgs.ForwardConfig(
+        up_proj=cfgs.swiglu_gemm_config(d, n, gather=other)))))
   return out
+
+
+def fused_sweep(d, n):
+  """Extra fused-gather up_proj tilings (``--fused-sweep``) around the heuristic's."""
+  base = cfgs.swiglu_gemm_config(d, n, gather="fused")
+  out = []
+  if base.num_compute_wgs == 2 and d % 64 == 0:
+    out.append(("fused bk64 s3", dataclasses.replace(base, block_k=64, max_concurrent_steps=3)))
+  out.append(("fused w16", dataclasses.replace(base, grid_tile_width=16)))
+  out.append(("fused w4", dataclasses.replace(base, grid_tile_width=4)))
+  return [(name, PallasKernels(config=cfgs.ForwardConfig(up_proj=c))) for name, c in out]
 
 
 def run_config(name, shape, args, log):
@@ -228,7 +241,7 @@ def run_config(name, shape, args, log):
   # Most important first: a timeout then loses only the extra variants.
   (hname, hkern), rest_up, rest_down = vars_up[0], vars_up[1:], vars_down[1:]
   parts = set(args.parts.split(","))
-  fused = [(vn, kv) for vn, kv in rest_up if vn == "fused-gather"]
+  fused = [(vn, kv) for vn, kv in rest_up if vn.endswith("-gather")]
   if "up" in parts:
     guarded(f"up_proj[{hname}]", lambda: up(hkern, hname))
     for vname, kv in fused:
@@ -243,9 +256,12 @@ def run_config(name, shape, args, log):
       guarded(f"forward[{vname}]", lambda: fwd(kv, vname))
   if "dx" in parts:
     guarded(f"dx_pairs[{hname}]", lambda: dx(hkern, hname))
+  if args.fused_sweep and "up" in parts:
+    for vname, kv in fused_sweep(d, n):
+      guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
   if "variants" in parts:
     for vname, kv in rest_up:
-      if vname != "fused-gather":
+      if not vname.endswith("-gather"):
         guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
     for vname, kv in rest_down:
       guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
@@ -345,11 +361,14 @@ def main():
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
   ap.add_argument("--interpret", action="store_true")
-  ap.add_argument("--no-fused", action="store_true", help="skip the fused-gather up_proj")
+  ap.add_argument("--no-fused", action="store_true",
+                  help="skip the up_proj with the gather mode the heuristic does not pick")
   ap.add_argument("--parts", default=",".join(PARTS),
                   help=f"comma-separated subset of {','.join(PARTS)} (the fused-gather variant "
                        "runs with up and forward)")
   ap.add_argument("--skip-check", action="store_true")
+  ap.add_argument("--fused-sweep", action="store_true",
+                  help="also time a few other fused-gather up_proj tilings")
   args = ap.parse_args()
   dev = jax.devices()[0]
   gpu = getattr(dev, "device_kind", dev.platform)

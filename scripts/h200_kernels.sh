@@ -33,7 +33,7 @@ if [ "${PF_BENCH_S:-200}" -gt 0 ]; then
   echo "== [$(since) s] pallas_forward.py (${PF_PARTS:-up,forward})"
   mkdir -p "$LOGS/pf"
   timeout "${PF_BENCH_S:-200}" $PY benchmarks/pallas_forward.py --out-dir "$LOGS/pf" \
-    --configs "${PF_CONFIGS:-7B-1024,30B-512,7B-256,120B-1024}" --parts "${PF_PARTS:-up,forward}" \
+    --configs "${PF_CONFIGS:-7B-1024,30B-512,7B-256,120B-1024}" --parts "${PF_PARTS:-up,forward}" ${PF_ARGS:-} \
     2>&1 | tail -n 40
   pack
 fi

@@ -282,7 +282,7 @@ def test_moe_layer_forward_single_k_step_default_config():
   from sonic_jax.pallas import configs
   t, d, n, e, k = 32, 64, 128, 6, 2
   import dataclasses
-  up = configs.swiglu_gemm_config(d, n)
+  up = configs.swiglu_gemm_config(d, n, gather="xla")
   assert up.num_compute_wgs == 2  # the case this test is about, with one k step:
   up = dataclasses.replace(up, block_k=d, max_concurrent_steps=3)
   x = tokens(t, d)
@@ -424,9 +424,11 @@ def test_config_rejects_bad_fields():
 
 
 # ------------------------------------------------------------------------------------- GPU
-GPU_SHAPES = [  # (T, d, n, E, K): a fine-grained and a coarse config, E not a power of two
+GPU_SHAPES = [  # (T, d, n, E, K): a fine-grained and a coarse config, E not a power of two;
+    # n = 192 takes the single-consumer tilings (the fused gather's included)
     (4096, 1536, 256, 72, 8),
     (4096, 1024, 1024, 24, 2),
+    (2048, 512, 192, 10, 4),
 ]
 
 

@@ -211,10 +211,18 @@ def test_route_logits_hook():
   if tri.jax_triton_unavailable_reason() is not None:
     with pytest.raises(RuntimeError, match="impl='jax_triton' is not available"):
       routing.route_logits(logits, top_k=2, impl="jax_triton")
-  # Token rounding is always routed by the xla path.
+  # Token rounding: the selection in the Pallas-Triton radix-select kernel (interpret mode),
+  # the same plan bit for bit, gradients through the scores.
   tr = TokenRounding(tile=4)
-  _assert_same_plan(routing.route_logits(logits, top_k=2, routing=tr, impl="pallas_triton"),
+  _assert_same_plan(routing.route_logits(logits, top_k=2, routing=tr, impl="pallas_triton",
+                                         interpret=True),
                     routing.route_logits(logits, top_k=2, routing=tr), scores_tol=0)
+  grad = lambda impl: jax.grad(lambda lg: jnp.sum(routing.route_logits(
+      lg, top_k=2, routing=tr, impl=impl, interpret=True).scores ** 2))(logits)
+  np.testing.assert_array_equal(grad("pallas_triton"), grad("xla"))
+  if jax.devices()[0].platform != "gpu":
+    with pytest.raises(RuntimeError, match="pallas_triton"):
+      routing.route_logits(logits, top_k=2, routing=tr, impl="pallas_triton")
 
 
 def test_resolve_route_impl_on_cpu():

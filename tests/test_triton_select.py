@@ -166,3 +166,23 @@ def test_gpu_select(impl, e, data):
     for cfg in (tri.SelectConfig(chunk=256, radix_bits=4),
                 tri.SelectConfig(chunk=2048, radix_bits=8, num_warps=8)):
       _check(v, c, impl=impl, config=cfg, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["jax_triton", "pallas_triton", "auto"])
+def test_gpu_token_rounding_routes_with_the_select_kernel(impl):
+  """route_logits(routing=token rounding, impl=...) selects with the radix kernel: the same plan
+  as the xla path bit for bit, and the same score gradients."""
+  if impl != "auto" and impl not in gpu_triton_impls():
+    pytest.skip(tri.jax_triton_unavailable_reason())
+  t, e, k = 8192, 128, 8
+  logits = jax.random.normal(jax.random.key(32), (t, e)) * 2
+  tr = routing.TokenRounding()
+  ref = jax.jit(lambda lg: routing.route_logits(lg, top_k=k, routing=tr))(logits)
+  got = jax.jit(lambda lg: routing.route_logits(lg, top_k=k, routing=tr, impl=impl))(logits)
+  for name in ("token_ids", "expert_ids", "scores", "group_sizes", "group_offsets"):
+    np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name)),
+                                  err_msg=name)
+  grad = lambda i: jax.jit(jax.grad(lambda lg: jnp.sum(routing.route_logits(
+      lg, top_k=k, routing=tr, impl=i).scores ** 2)))(logits)
+  np.testing.assert_array_equal(np.asarray(grad(impl)), np.asarray(grad("xla")))
