@@ -180,9 +180,14 @@ def test_gpu_token_rounding_routes_with_the_select_kernel(impl):
   tr = routing.TokenRounding()
   ref = jax.jit(lambda lg: routing.route_logits(lg, top_k=k, routing=tr))(logits)
   got = jax.jit(lambda lg: routing.route_logits(lg, top_k=k, routing=tr, impl=impl))(logits)
-  for name in ("token_ids", "expert_ids", "scores", "group_sizes", "group_offsets"):
+  for name in ("token_ids", "expert_ids", "group_sizes", "group_offsets", "gather_idx"):
     np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name)),
                                   err_msg=name)
+  # Scores: two XLA programs may fuse the softmax differently (last-bit differences).
+  np.testing.assert_allclose(np.asarray(got.scores), np.asarray(ref.scores), rtol=1e-6, atol=0)
   grad = lambda i: jax.jit(jax.grad(lambda lg: jnp.sum(routing.route_logits(
       lg, top_k=k, routing=tr, impl=i).scores ** 2)))(logits)
-  np.testing.assert_array_equal(np.asarray(grad(impl)), np.asarray(grad("xla")))
+  g, g_ref = np.asarray(grad(impl), np.float64), np.asarray(grad("xla"), np.float64)
+  # Same plan, so the same gradient up to the summation order of the two XLA programs (entries
+  # that cancel to 0 in one come out ~1e-9 in the other on the H200): relative error.
+  assert np.isfinite(g).all() and np.linalg.norm(g - g_ref) <= 1e-6 * np.linalg.norm(g_ref)

@@ -18,10 +18,11 @@ These mbarriers are plain 8-byte SMEM words (``barrier_scratch``), not Pallas ba
 Mosaic GPU code cannot take a Pallas barrier as an argument.
 
 The destination layout is the one Mosaic GPU gives an SMEM ref with
-``TilingTransform((8, block_k))`` + ``SwizzleTransform(2 * block_k)`` (one swizzle row per tile
-row, so row r starts at byte r·swizzle): 16-byte chunk c of row r lands in chunk
-c ^ ((r·swizzle >> 7) & (swizzle / 16 - 1)), the hardware's swizzle pattern that TMA writes and
-wgmma reads.
+``TilingTransform((8, swizzle / itemsize))`` + ``SwizzleTransform(swizzle)``, swizzle = the
+tile row's bytes up to 128: (rows / 8, row bytes / swizzle, 8, swizzle) bytes, row-major, and
+within each 8-row tile the 16-byte chunk c of row r lands in chunk
+c ^ ((r % 8)·swizzle >> 7 & (swizzle / 16 - 1)), the hardware's swizzle pattern that TMA writes
+and wgmma reads.
 
 The interpreter cannot run ``inline_mgpu``; with ``interpret`` the same copy is done with plain
 ref loads/stores into an untiled ring and the barriers are Pallas barriers (one arrival after the
@@ -40,17 +41,19 @@ CHUNK_BYTES = 16
 
 
 def swizzle_bytes(block_k: int, itemsize: int) -> int:
-  """The swizzle of a fused-gather A tile: one 32/64/128-byte swizzle row per tile row."""
-  sw = block_k * itemsize
-  if sw not in (32, 64, 128):
-    raise ValueError(f"gather='fused' needs block_k * itemsize in (32, 64, 128) bytes, got "
-                     f"block_k={block_k} ({sw} bytes)")
+  """The swizzle of a gathered tile with ``block_k`` columns: the tile row's bytes up to 128."""
+  row = block_k * itemsize
+  sw = min(row, 128)
+  if sw not in (32, 64, 128) or row % sw:
+    raise ValueError(f"gather='fused' needs block_k * itemsize to be 32, 64 or a multiple of "
+                     f"128 bytes, got block_k={block_k} ({row} bytes)")
   return sw
 
 
 def a_transforms(block_k: int, itemsize: int):
+  """SMEM transforms of a gathered (rows, block_k) tile: (8, swizzle) tiles, swizzled."""
   sw = swizzle_bytes(block_k, itemsize)
-  return (plgpu.TilingTransform((8, block_k)), plgpu.SwizzleTransform(sw))
+  return (plgpu.TilingTransform((8, sw // itemsize)), plgpu.SwizzleTransform(sw))
 
 
 def barrier_scratch(slots: int, *, interpret: bool):
@@ -109,11 +112,16 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
     return
   itemsize = jnp.dtype(lhs_ref.dtype).itemsize
   sw = swizzle_bytes(block_k, itemsize)
-  chunks_per_row = sw // CHUNK_BYTES
+  col_tiles = block_k * itemsize // sw  # (8, swizzle) tiles side by side in a tile row band
+  chunks_per_swz = sw // CHUNK_BYTES
+  chunks_per_row = col_tiles * chunks_per_swz
+  if WARPGROUP % chunks_per_row:
+    raise ValueError(f"block_k * itemsize ({block_k * itemsize} bytes) must divide "
+                     f"{WARPGROUP * CHUNK_BYTES}")
   rows_per_pass = WARPGROUP // chunks_per_row
-  if block_m % rows_per_pass:
-    raise ValueError(f"block_m ({block_m}) must be a multiple of {rows_per_pass}")
-  slot_bytes = block_m * sw
+  if block_m % rows_per_pass or block_m % 8:
+    raise ValueError(f"block_m ({block_m}) must be a multiple of {max(rows_per_pass, 8)}")
+  slot_bytes = block_m * block_k * itemsize
   elems_per_chunk = CHUNK_BYTES // itemsize
   layout = plgpu.Layout.WG_SPLAT
 
@@ -129,7 +137,9 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
     c32 = lambda v: mgpu_utils.c(v, i32)
     slot_i, row0_i, k0_i = (v.registers.item() for v in (slot_v, row0_v, k0_v))
     tid = arith.remui(mgpu_utils.thread_idx(), c32(WARPGROUP))
-    chunk = arith.remui(tid, c32(chunks_per_row))
+    chunk_in_row = arith.remui(tid, c32(chunks_per_row))
+    col_tile = arith.divui(chunk_in_row, c32(chunks_per_swz))
+    chunk = arith.remui(chunk_in_row, c32(chunks_per_swz))
     r_base = arith.divui(tid, c32(chunks_per_row))
     k = ir.MemRefType(lhs.type).shape[1]
     elem = ir.MemRefType(lhs.type).element_type
@@ -137,8 +147,8 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
                               mgpu_utils.memref_ptr(lhs))
     smem = mgpu_utils.memref_ptr(ring)
     slot_off = arith.muli(slot_i, c32(slot_bytes))
-    col64 = arith.extui(i64, arith.addi(k0_i, arith.muli(chunk, c32(elems_per_chunk))))
-    swz_mask = c32(chunks_per_row - 1)
+    col64 = arith.extui(i64, arith.addi(k0_i, arith.muli(chunk_in_row, c32(elems_per_chunk))))
+    swz_mask = c32(chunks_per_swz - 1)
     passes = block_m // rows_per_pass
     # All index loads first, so their latencies overlap instead of serializing with the copies.
     rows = [arith.addi(r_base, c32(p * rows_per_pass)) for p in range(passes)]
@@ -147,9 +157,13 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
     for r, src_row in zip(rows, src_rows):
       g_off = arith.addi(arith.muli(arith.extui(i64, src_row), mgpu_utils.c(k, i64)), col64)
       g_ptr = mgpu_utils.getelementptr(gmem, [g_off], elem)
-      swz = arith.andi(arith.shrui(arith.muli(r, c32(sw)), c32(7)), swz_mask)
+      # Tiled layout (rows / 8, col_tiles, 8, swizzle): the (8, swizzle) tile of (r, col_tile),
+      # then row r % 8 of it, whose 16-byte chunks are permuted by the hardware swizzle.
+      r8 = arith.remui(r, c32(8))
+      tile = arith.addi(arith.muli(arith.divui(r, c32(8)), c32(col_tiles)), col_tile)
+      swz = arith.andi(arith.shrui(arith.muli(r8, c32(sw)), c32(7)), swz_mask)
       s_off = arith.addi(
-          arith.addi(slot_off, arith.muli(r, c32(sw))),
+          arith.addi(slot_off, arith.addi(arith.muli(tile, c32(8 * sw)), arith.muli(r8, c32(sw)))),
           arith.shli(arith.xori(chunk, swz), c32(4)))
       s_ptr = mgpu_utils.getelementptr(smem, [s_off], i8)
       nvvm.cp_async_shared_global(s_ptr, g_ptr, CHUNK_BYTES, nvvm.LoadCacheModifierKind.CG)
