@@ -114,6 +114,11 @@ def variants(d, n, fused: bool):
           PallasKernels()),
          ("1wg", PallasKernels(config=cfgs.ForwardConfig(up_proj=single_up, down_proj=single_down,
                                                          dx_pairs=single_down)))]
+  if down_h.num_compute_wgs == 2:  # the across-tiles ring (GemmConfig.cross_tile), opt-in
+    dx_h = cfgs.plain_gemm_config(2 * n, d)
+    out.append(("cross-tile", PallasKernels(config=cfgs.ForwardConfig(
+        down_proj=dataclasses.replace(down_h, cross_tile=True),
+        dx_pairs=dataclasses.replace(dx_h, cross_tile=dx_h.num_compute_wgs == 2)))))
   if fused:  # the other gather mode than the heuristic's
     other = "xla" if up_h.gather == "fused" else "fused"
     out.append((f"{other}-gather", PallasKernels(config=cfgs.ForwardConfig(

@@ -243,6 +243,22 @@ def test_fused_gather_variant_matches_xla(name, wgs, stages, block_k, d):
   _check_up_down(kern, _case(name), d, 64 if wgs == 2 else 32, down=False)
 
 
+@pytest.mark.parametrize("wgs,stages,block_k,d,n", [(1, 3, 64, 64, 64), (2, 4, 32, 128, 128),
+                                                    (2, 2, 64, 64, 128)])
+def test_cross_tile_ring_matches_xla(wgs, stages, block_k, d, n):
+  """cross_tile: up_proj (XLA gather), down_proj and dx_pairs (transposed rhs) through the
+  across-tiles ring with the A tile by TMA; empty experts and groups straddling tiles."""
+  cfg = GemmConfig(block_n=32, cross_tile=True, num_compute_wgs=wgs,
+                   **dict(_SMALL, block_k=block_k, max_concurrent_steps=stages))
+  kern = PallasKernels(interpret=True,
+                       config=ForwardConfig(up_proj=cfg, down_proj=cfg, dx_pairs=cfg))
+  plan = _case("empty_experts")
+  _check_up_down(kern, plan, d, n)
+  dh = tokens(plan.capacity, 2 * n, seed=5)
+  w1, _ = weights(plan.num_experts, d, n)
+  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
 def test_validate_rejects_untileable_shapes():
   plan = _case("straddle_e5")
   kern = PallasKernels(interpret=True)
@@ -362,6 +378,14 @@ LOWERING_VARIANTS = [
                                                epilogue_swizzle=True)),
     ("up_fused_gather_inference", "up_inference", 128, 64, dict(
         block_n=64, max_concurrent_steps=4, gather="fused")),
+    ("down_cross_tile", "down", 256, 128, dict(block_n=128, block_k=32, max_concurrent_steps=6,
+                                               num_compute_wgs=2, grid_tile_width=16,
+                                               cross_tile=True)),
+    ("dx_pairs_cross_tile", "dx", 256, 64, dict(block_n=128, block_k=32, max_concurrent_steps=6,
+                                                num_compute_wgs=2, cross_tile=True)),
+    ("up_xla_gather_cross_tile", "up", 256, 128, dict(block_n=64, block_k=32,
+                                                      max_concurrent_steps=6, num_compute_wgs=2,
+                                                      epilogue_swizzle=True, cross_tile=True)),
     ("down_ws", "down", 256, 128, dict(block_n=128, max_concurrent_steps=3,
                                        num_compute_wgs=2)),
     ("down_single_bn64", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5)),
@@ -430,6 +454,28 @@ GPU_SHAPES = [  # (T, d, n, E, K): a fine-grained and a coarse config, E not a p
     (4096, 1024, 1024, 24, 2),
     (2048, 512, 192, 10, 4),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES[:2])
+def test_gpu_cross_tile_matches_xla(shape):
+  """GemmConfig(cross_tile=True) for down_proj and dx_pairs (the across-tiles ring, A by TMA)."""
+  import dataclasses
+  from sonic_jax.pallas import configs
+  t, d, n, e, k = shape
+  plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
+  down = dataclasses.replace(configs.plain_gemm_config(n, d), cross_tile=True,
+                             num_compute_wgs=2)
+  dx = dataclasses.replace(configs.plain_gemm_config(2 * n, d), cross_tile=True,
+                           num_compute_wgs=2)
+  kern = PallasKernels(config=ForwardConfig(down_proj=down, dx_pairs=dx))
+  w1, w2 = weights(e, d, n)
+  a = tokens(plan.capacity, n, seed=3)
+  y, y_ref = jax.jit(kern.down_proj)(a, w2, plan), jax.jit(XLA.down_proj)(a, w2, plan)
+  assert rel_err(y, y_ref) < BF16_TOL
+  dh = tokens(plan.capacity, 2 * n, seed=4)
+  assert rel_err(jax.jit(kern.dx_pairs)(dh, w1, plan),
+                 jax.jit(XLA.dx_pairs)(dh, w1, plan)) < BF16_TOL
 
 
 @pytest.mark.gpu

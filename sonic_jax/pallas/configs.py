@@ -45,6 +45,11 @@ class GemmConfig:
   swizzled SMEM tile and one TMA store (bank-conflict-free register stores); ragged tiles keep
   the untiled power-of-two store ladder. Both views share one SMEM buffer (``plgpu.RefUnion``).
   num_sms: persistent CTAs (None: the device's SM count).
+  cross_tile: (without a gather) run the kernel of the fused gather, with the A tile by TMA: a
+  producer warpgroup looping over every (tile, k step) of its CTA into one ring, instead of
+  ``emit_pipeline_warp_specialized`` restarted per tile, whose producer waits for the end of each
+  tile before loading the next. Opt-in until measured on a GPU (interpret and lowering tests
+  only); implies the warp-specialized layout (num_compute_wgs consumers + 1 producer).
   """
 
   block_m: int = 128
@@ -56,6 +61,7 @@ class GemmConfig:
   gather: GatherMode = "xla"
   epilogue_swizzle: bool = False
   num_sms: int | None = None
+  cross_tile: bool = False
 
   def __post_init__(self):
     if self.block_m not in (64, 128):
@@ -88,6 +94,7 @@ class CombineConfig:
   block_d: int = 256
   slots: int = 4
   num_sms: int | None = None
+  cross_tile: bool = False
 
   def __post_init__(self):
     if self.impl not in ("xla", "mosaic"):

@@ -90,7 +90,7 @@ def smem_bytes(config: GemmConfig, *, epilogue: Epilogue, inference: bool = Fals
   stage = (bm * bk + n_b * bk * bn * wgs) * itemsize
   epi = wgs * epilogue_tiles(swiglu, inference) * bm * bn * itemsize
   ring = config.max_concurrent_steps * stage
-  if config.gather == "fused":  # the ring and the epilogue tiles are live together
+  if config.gather == "fused" or config.cross_tile:  # ring and epilogue tiles live together
     return ring + epi
   # One warpgroup: the pipeline's ring is freed before the epilogue tiles are allocated.
   return ring + epi if wgs > 1 else max(ring, epi)
@@ -403,16 +403,29 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   # have landed: cp.async.mbarrier.arrive.noinc), full_b (the B TMAs), empty (one arrival per
   # consumer warpgroup once its wgmmas of the stage are done). Global step g of a CTA uses slot
   # g % slots for the (g // slots)-th time, which gives full_a's phase parity.
-  def body_fused(expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref,
-                 *rest):
+  # Without a gather (``config.cross_tile``), the same ring with the A tile loaded by TMA too
+  # (full_b then counts it): unlike emit_pipeline_warp_specialized, which restarts per tile and
+  # whose producer must wait for the consumers' end of tile, the producer here runs across tiles,
+  # so the next tile's loads overlap this tile's last steps and epilogue.
+  def body_ring(*refs):
+    if fused_gather:
+      expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref, *rest = refs
+    else:
+      expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest = refs
+      gidx_ref = None
     out_refs = rest[:len(out_cols)]
-    a_ring, b_ring, epi_smem, full_a, full_b, empty = rest[len(out_cols):]
+    if fused_gather:
+      a_ring, b_ring, epi_smem, full_a, full_b, empty = rest[len(out_cols):]
+    else:
+      a_ring, b_ring, epi_smem, full_b, empty = rest[len(out_cols):]
+      full_a = None
     num_tiles = ntiles_ref[0]
     slots = config.max_concurrent_steps
     n_rhs = num_accs
     wg = lax.axis_index("wg")
     interp = bool(interpret)
-    cp_async.init_barriers(full_a, slots, interpret=interp)
+    if fused_gather:
+      cp_async.init_barriers(full_a, slots, interpret=interp)
 
     def tiles_loop(body):
       @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
@@ -445,8 +458,12 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             else:
               src = rhs_ref.at[e, pl.ds(kk * bk, bk), pl.ds(c0, bn_cta)]
             plgpu.copy_gmem_to_smem(src, b_ring.at[slot, j], full_b.at[slot])
-          cp_async.issue_gather(gidx_ref, lhs_ref, a_ring, full_a, slot=slot, row0=row_load,
-                                k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
+          if fused_gather:
+            cp_async.issue_gather(gidx_ref, lhs_ref, a_ring, full_a, slot=slot, row0=row_load,
+                                  k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
+          else:
+            plgpu.copy_gmem_to_smem(lhs_ref.at[pl.ds(row_load, bm), pl.ds(kk * bk, bk)],
+                                    a_ring.at[slot], full_b.at[slot])
 
       total = tiles_loop(tile)
 
@@ -471,8 +488,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             g = g0 + kk
             slot = lax.rem(g, slots)
             plgpu.barrier_wait(full_b.at[slot])
-            cp_async.wait_gathered(full_a, slot=slot, parity=lax.rem(g // slots, 2),
-                                   interpret=interp)
+            if fused_gather:
+              cp_async.wait_gathered(full_a, slot=slot, parity=lax.rem(g // slots, 2),
+                                     interpret=interp)
             wgmma_step(acc_refs, a_ring.at[slot], [b_ring.at[slot, j] for j in range(n_rhs)],
                        wg_slice)
             plgpu.wgmma_wait(1)  # step g - 1's wgmmas are done: its stage can be refilled
@@ -493,21 +511,23 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
   common = dict(out_type=out_type, grid=(_num_sms(config, bool(interpret)),), grid_names=("sm",),
                 compiler_params=params, interpret=_interpret_params(interpret))
-  if fused_gather:
+  if fused_gather or config.cross_tile:
     slots = config.max_concurrent_steps
     itemsize = jnp.dtype(dtype).itemsize
     b_shape = (bn_cta, bk) if transpose_rhs else (bk, bn_cta)
+    n_b = 1 if transpose_rhs else num_accs
     scratch = [
         # Untiled in the interpreter (it checks no layouts and its row stores need none).
         plgpu.SMEM((slots, bm, bk), dtype, transforms=(
             () if interpret else cp_async.a_transforms(bk, itemsize))),
-        plgpu.SMEM((slots, num_accs, *b_shape), dtype),
+        plgpu.SMEM((slots, n_b, *b_shape), dtype),
         epi_alloc((wgs, n_epi, bm, bn)),
-        cp_async.barrier_scratch(slots, interpret=bool(interpret)),
-        plgpu.Barrier(num_arrivals=num_accs, num_barriers=slots),
+        *([cp_async.barrier_scratch(slots, interpret=bool(interpret))] if fused_gather else []),
+        # The B TMAs (and the A TMA without a gather): one arrival per copy.
+        plgpu.Barrier(num_arrivals=n_b + (0 if fused_gather else 1), num_barriers=slots),
         plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),
     ]
-    return plgpu.kernel(body_fused, scratch_types=scratch, num_threads=wgs + 1,
+    return plgpu.kernel(body_ring, scratch_types=scratch, num_threads=wgs + 1,
                         thread_name="wg", **common)
   if wgs == 1:
     return plgpu.kernel(body_single, **common)
