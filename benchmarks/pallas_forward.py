@@ -266,10 +266,12 @@ def run_config(name, shape, args, log):
       guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
   if "variants" in parts:
     for vname, kv in rest_up:
-      if not vname.endswith("-gather"):
+      if not vname.endswith("-gather") and vname != "cross-tile":  # cross-tile: down / dx
         guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
     for vname, kv in rest_down:
       guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
+      if vname == "cross-tile":
+        guarded(f"dx_pairs[{vname}]", lambda: dx(kv, vname))
   return rec
 
 
