@@ -9,13 +9,15 @@ norms against the xla backend; NaN never passes (``_rel`` returns inf for it).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import jax
 import jax.numpy as jnp
 
-from sonic_jax.pallas.dh import DhConfig, dh
+from sonic_jax.pallas.dh import DhConfig, dh, dh_config_for, smem_bytes
 from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2
 from sonic_jax.routing import RoutingPlan
 from sonic_jax.xla_backend import XlaKernels
@@ -114,6 +116,115 @@ def test_dh_matches_xla(case):
     # no store touched them.
     assert np.all(np.isnan(np.asarray(got[0], np.float32)[~m])), "dH written past the groups"
     assert np.all(np.isnan(np.asarray(got[1], np.float32)[~m])), "A' written past the groups"
+
+
+# dH with the dO row gather fused into the kernel (DhConfig(gather="fused"), opt-in): a producer
+# warpgroup fills a cross-tile ring (W2 by TMA, gathered dO rows by cp.async; the interpreter
+# runs the same protocol with plain copies and Pallas barriers), one consumer runs the wgmma
+# and the epilogue. 2 stages at d = 128, block_k = 64: the ring is exactly the tile's k steps.
+DH_FUSED_CFG = dataclasses.replace(DH_CFG, max_concurrent_steps=2, gather="fused")
+
+
+def _assert_dh_matches(got, want, plan):
+  """dS, dH (each half), A' by relative error on valid rows; dS 0 and dH / A' unwritten (NaN in
+  the interpreter's fresh outputs) on padding rows."""
+  m = np.asarray(plan.valid_mask())
+  d_h, a_p, d_s = (np.asarray(v, np.float32)[m] for v in got)
+  w_dh, w_ap, w_ds = (np.asarray(v, np.float32)[m] for v in want)
+  n = a_p.shape[1]
+  assert _rel(d_s, w_ds) < F32_TOL, "dS"
+  assert _rel(d_h[:, :n], w_dh[:, :n]) < BF16_TOL, "dH gate half"
+  assert _rel(d_h[:, n:], w_dh[:, n:]) < BF16_TOL, "dH up half"
+  assert _rel(a_p, w_ap) < BF16_TOL, "A'"
+  assert np.all(np.asarray(got[2])[~m] == 0.0), "dS on padding rows"
+  if (~m).any():
+    assert np.all(np.isnan(np.asarray(got[0], np.float32)[~m])), "dH written past the groups"
+    assert np.all(np.isnan(np.asarray(got[1], np.float32)[~m])), "A' written past the groups"
+
+
+def _run_dh(a, config):
+  plan = a["plan"]
+  s = plan.grouped_scores()
+  got = jax.jit(lambda *args: dh(*args, config=config, interpret=True))(
+      a["dout"], a["w2"], a["h"], s, plan)
+  return got, XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dh_fused_gather_matches_xla(case):
+  """Empty experts, a 1-row expert, groups straddling tiles, every token on one expert, padding
+  rows holding NaN, E = 3, 5, 6."""
+  a = _inputs(case)
+  got, want = _run_dh(a, DH_FUSED_CFG)
+  _assert_dh_matches(got, want, a["plan"])
+
+
+@pytest.mark.parametrize("d,block_k,stages", [
+    (64, 64, 2),  # one k step per tile: every step of a tile is its last
+    (256, 64, 3),  # 4 k steps on 3 slots: the ring wraps mid-tile, tiles start on any slot
+    (128, 32, 2),  # 4 k steps of 32 columns on 2 slots (a 64-byte swizzle on the GPU)
+])
+def test_dh_fused_gather_ring_depths(d, block_k, stages):
+  a = _inputs("straddle_e5", d=d)
+  cfg = dataclasses.replace(DH_FUSED_CFG, block_k=block_k, max_concurrent_steps=stages)
+  got, want = _run_dh(a, cfg)
+  _assert_dh_matches(got, want, a["plan"])
+
+
+def test_dh_fused_gather_validation():
+  a = _inputs("straddle_e5")
+  plan = a["plan"]
+  s = plan.grouped_scores()
+  with pytest.raises(ValueError, match="DhConfig.gather must be 'xla' or 'fused'"):
+    DhConfig(gather="tma")
+  for bk in (8, 48, 192):  # 16 bytes; 96 bytes; 384 bytes (a multiple of 128 not dividing 2048)
+    with pytest.raises(ValueError, match="DhConfig.block_k with gather='fused'"):
+      DhConfig(block_k=bk, gather="fused")
+  DhConfig(block_k=48)  # the XLA gather has no such rule
+  with pytest.raises(ValueError, match="DhConfig.max_concurrent_steps must be >= 2"):
+    DhConfig(max_concurrent_steps=1, gather="fused")
+  with pytest.raises(ValueError, match="dout_gathered must be None"):
+    dh(a["dout"], a["w2"], a["h"], s, plan, config=DH_FUSED_CFG, interpret=True,
+       dout_gathered=a["dout"][plan.gather_idx])
+  # Nothing is reused across the cross-tile ring: H tiles + 4 stages + an output chunk overflow.
+  big = DhConfig(block_n=128, max_concurrent_steps=4, gather="fused")
+  assert smem_bytes(big) > 220 * 1024
+  with pytest.raises(ValueError, match="bytes of SMEM"):
+    dh(a["dout"], a["w2"], a["h"], s, plan, config=big, interpret=True)
+
+
+def test_dh_config_for_fused_gather():
+  """The fused heuristic keeps the default tiles and the deepest ring (<= 4) that fits."""
+  for d, n in ((4096, 1024), (1024, 512), (768, 192)):
+    xla_cfg = dh_config_for(d, n)
+    cfg = dh_config_for(d, n, gather="fused")
+    assert xla_cfg.gather == "xla"
+    assert cfg.gather == "fused"
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.epi_n) == (
+        xla_cfg.block_m, xla_cfg.block_n, xla_cfg.block_k, xla_cfg.epi_n)
+    assert smem_bytes(cfg) <= 220 * 1024
+    deeper = dataclasses.replace(cfg, max_concurrent_steps=cfg.max_concurrent_steps + 1)
+    assert cfg.max_concurrent_steps == 4 or smem_bytes(deeper) > 220 * 1024
+  assert dh_config_for(4096, 1024, gather="fused").max_concurrent_steps == 3
+
+
+@pytest.mark.parametrize("cfg", [
+    DhConfig(num_sms=132, max_concurrent_steps=3, gather="fused"),  # dh_config_for's, n % 128 == 0
+    DhConfig(block_n=64, block_k=32, max_concurrent_steps=6, gather="fused", num_sms=132),
+    DhConfig(block_n=64, block_k=128, max_concurrent_steps=2, gather="fused", num_sms=132),
+], ids=["128x128x64", "128x64x32", "128x64x128"])
+def test_dh_fused_gather_lowers_to_mosaic_gpu(cfg):
+  """Lowers the fused-gather dh for CUDA on the CPU host: Mosaic GPU layout inference and MLIR
+  generation, including the inline cp.async gather (64- and 128-byte swizzles, a tile row of two
+  128-byte swizzle columns) and its mbarrier waits."""
+  a = _inputs("straddle_e5", d=256)
+  plan = a["plan"]
+  f = lambda *args: dh(*args, config=cfg)
+  text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  for op in ("cp.async.shared.global", "cp.async.mbarrier.arrive", "mbarrier.try_wait.parity"):
+    assert op in text, op
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -317,6 +428,28 @@ def test_gpu_dh_matches_xla():
   assert _rel(got[0], want[0]) < BF16_TOL, "dH"
   assert _rel(got[1], want[1]) < BF16_TOL, "A'"
   again = f(a["dout"], a["w2"], a["h"], s, plan)
+  for g, g2 in zip(got, again):
+    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_dh_fused_gather_matches_default():
+  """DhConfig(gather="fused") (the heuristic's tiles, 3 stages) against the default XLA-gather
+  kernel and the xla backend at a realistic size; same tiles and k order, so it should match the
+  default to fp32 rounding; deterministic."""
+  a = _gpu_inputs()
+  plan = a["plan"]
+  s = plan.grouped_scores()
+  d, n = a["dout"].shape[1], a["w2"].shape[1]
+  cfg = dh_config_for(d, n, gather="fused")
+  fused = jax.jit(lambda *args: dh(*args, config=cfg))
+  got = fused(a["dout"], a["w2"], a["h"], s, plan)
+  base = jax.jit(lambda *args: dh(*args))(a["dout"], a["w2"], a["h"], s, plan)
+  want = XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
+  for name, g, b, w, tol in zip(("dH", "A'", "dS"), got, base, want, (BF16_TOL, BF16_TOL, 1e-4)):
+    assert _rel(g, w) < tol, f"{name} vs xla"
+    assert _rel(g, b) < min(tol, 1e-3), f"{name} vs the default kernel"
+  again = fused(a["dout"], a["w2"], a["h"], s, plan)
   for g, g2 in zip(got, again):
     assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
 

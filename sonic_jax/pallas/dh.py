@@ -19,8 +19,12 @@ go through a power-of-two ladder of static-size descriptors. dS is reduced per (
 in registers and written as full per-tile partial rows, then summed over N tiles in JAX:
 deterministic and free of atomics.
 
-The dO gather is an XLA gather feeding the kernel (the first fast path of
-docs/pallas-backward.md); the kernel's lhs is the gathered (P, d) matrix.
+The dO gather is by default an XLA gather feeding the kernel (``DhConfig(gather="xla")``; the
+kernel's lhs is the gathered (P, d) matrix). ``gather="fused"`` (opt-in, not yet timed on a GPU)
+reads the rows dout[gather_idx[p]] inside the kernel instead: a producer warpgroup issues the W2
+tiles by TMA and the dO rows by cp.async (``cp_async.py``, as up_proj's fused gather) into a ring
+that runs across tiles, and one consumer warpgroup runs the wgmma and the same epilogue; no
+(P, d) gathered copy exists in HBM.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +40,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sonic_jax.pallas import cp_async
 from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.routing import RoutingPlan
 
@@ -51,6 +57,12 @@ class DhConfig:
   max_concurrent_steps: TMA pipeline depth. grid_block_n: L2 tile swizzle width (planar snake).
   epi_n: columns processed at once in the epilogue (bounds register pressure).
   num_sms: persistent CTAs; None = the device's SM count (2 in interpret mode).
+  gather: where the dO rows are gathered: "xla" (an XLA gather before the kernel, the default)
+  or "fused" (cp.async inside the kernel, a producer warpgroup + one consumer warpgroup; opt-in
+  until timed on a GPU: interpret and lowering tests only). With "fused", max_concurrent_steps is
+  the depth of the cross-tile ring (>= 2) and the output tiles are staged one epi_n chunk at a
+  time (``smem_bytes``); block_k * 2 bytes must be 32, 64 or a multiple of 128 dividing 2048 (the
+  gathered tile's swizzle).
   """
 
   block_m: int = 128
@@ -60,6 +72,7 @@ class DhConfig:
   grid_block_n: int = 8
   epi_n: int = 64
   num_sms: int | None = None
+  gather: Literal["xla", "fused"] = "xla"
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n", "epi_n"):
@@ -73,13 +86,43 @@ class DhConfig:
       raise ValueError(
           f"DhConfig.epi_n must be a multiple of 64 dividing block_n ({self.block_n}), got "
           f"{self.epi_n}")
+    if self.gather not in ("xla", "fused"):
+      raise ValueError(f"DhConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
+    if self.gather == "fused":
+      # Operands are 2-byte (bf16 / f16). cp_async.issue_gather copies a tile row as 16-byte
+      # chunks spread over the 128 producer threads, into (8, swizzle)-tiled SMEM.
+      row = self.block_k * 2
+      try:
+        cp_async.swizzle_bytes(self.block_k, 2)
+      except ValueError:
+        raise ValueError(
+            f"DhConfig.block_k with gather='fused' needs block_k * 2 bytes to be 32, 64 or a "
+            f"multiple of 128, got block_k={self.block_k} ({row} bytes)") from None
+      if (cp_async.WARPGROUP * cp_async.CHUNK_BYTES) % row:
+        raise ValueError(
+            f"DhConfig.block_k with gather='fused' needs block_k * 2 bytes to divide "
+            f"{cp_async.WARPGROUP * cp_async.CHUNK_BYTES}, got block_k={self.block_k}")
+      if self.max_concurrent_steps < 2:
+        raise ValueError(f"DhConfig.max_concurrent_steps must be >= 2 with gather='fused' (the "
+                         f"consumer frees a stage one step late), got "
+                         f"{self.max_concurrent_steps}")
 
 
-def dh_config_for(d: int, n: int) -> DhConfig:
-  """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64."""
+def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") -> DhConfig:
+  """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64.
+
+  gather="fused" (untimed): the same tiles with the deepest ring (<= 4) that fits the SMEM next
+  to the H tiles and one staged output chunk (3 stages at 128x128x64)."""
   del d
   block_n = 128 if n % 128 == 0 else 64
-  return DhConfig(block_n=block_n, epi_n=min(64, block_n))
+  config = DhConfig(block_n=block_n, epi_n=min(64, block_n))
+  if gather == "xla":
+    return config
+  for steps in (4, 3, 2):
+    fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)
+    if smem_bytes(fused) <= SMEM_LIMIT:
+      return fused
+  return dataclasses.replace(config, gather="fused", max_concurrent_steps=2)
 
 
 def _num_sms(config, interpret: bool) -> int:
@@ -118,6 +161,30 @@ def _store_rows(src_smem, dst_gmem, row0, lo, cols, num_rows, max_rows: int):
     size //= 2
 
 
+def _epilogue_chunk(da, gate, up, s, ds, dtype, out_refs):
+  """One epi_n-column chunk of the epilogue, in the WGMMA register layout.
+
+  da, gate, up: fp32 (bm, epi_n); s: (bm,) fp32 scores (WGMMA.reduce(1)); out_refs: SMEM refs
+  (bm, epi_n) for dH_gate, dH_up and A' (``dtype``), each written as soon as it is computed.
+  ds: the dS row partial of the previous chunks (None for the first); returns it plus this
+  chunk's Σ_j dA'·A (fp32, (bm,))."""
+  bm, epi_n = da.shape
+  wgmma = plgpu.Layout.WGMMA
+  dgate_ref, dup_ref, ap_ref = out_refs
+  sig = 1.0 / (1.0 + jnp.exp(-gate))
+  silu = gate * sig
+  a = silu * up
+  part = jnp.sum(da * a, axis=1)
+  ds = part if ds is None else ds + part
+  s_b = lax.broadcast_in_dim(s, (bm, epi_n), [0])
+  ds_b = da * s_b
+  dgate_ref[...] = plgpu.layout_cast(
+      (ds_b * up * sig * (1.0 + gate * (1.0 - sig))).astype(dtype), wgmma)
+  dup_ref[...] = plgpu.layout_cast((ds_b * silu).astype(dtype), wgmma)
+  ap_ref[...] = plgpu.layout_cast((a * s_b).astype(dtype), wgmma)
+  return ds
+
+
 def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig) -> None:
   """Raises ValueError naming the argument and the rule for inputs the kernel cannot take."""
   if getattr(dout, "ndim", None) != 2:
@@ -149,10 +216,16 @@ SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for bar
 
 def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
   """SMEM of one CTA: the prefetched H gate/up tiles and scores stay live over the K loop's
-  pipeline ring, whose space the three output tiles and the dS row reuse afterwards."""
+  pipeline ring, whose space the three output tiles and the dS row reuse afterwards.
+
+  gather="fused": the ring runs across tiles (the producer fills the next tile's stages during
+  this tile's epilogue), so nothing is reused: H tiles + ring + one epi_n chunk of the three
+  output tiles + the dS row."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   h_tiles = 2 * bm * bn * itemsize + bm * 4
   ring = config.max_concurrent_steps * (bm * bk + bn * bk) * itemsize
+  if config.gather == "fused":
+    return h_tiles + ring + 3 * bm * config.epi_n * itemsize + bm * 4
   outputs = 3 * bm * bn * itemsize + bm * 4
   return h_tiles + max(ring, outputs)
 
@@ -174,11 +247,17 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   """dH / A' / dS of the down projection.
 
   dout (T, d), w2 (E, n, d), h (P, 2n) concat layout, scores_grouped (P,) fp32.
-  dout_gathered: optional (P, d) = dout[plan.gather_idx] when the caller already has it.
+  dout_gathered: optional (P, d) = dout[plan.gather_idx] when the caller already has it; not
+  allowed with ``config.gather == "fused"`` (which reads dout's rows in the kernel): ValueError.
   Returns dH (P, 2n) h.dtype, A' (P, n) h.dtype, dS (P,) fp32 (0 on padding rows), grouped order.
   """
   config = config or dh_config_for(jnp.shape(dout)[-1], (jnp.shape(w2) + (0, 0))[1])
   validate_dh_args(dout, w2, h, scores_grouped, plan, config)
+  if config.gather == "fused":
+    if dout_gathered is not None:
+      raise ValueError("dout_gathered must be None with DhConfig(gather='fused'): the kernel "
+                       "gathers the rows of dout itself")
+    return _dh_fused(dout, w2, h, scores_grouped, plan, config, interpret)
   num_experts, n, d = w2.shape
   p_rows = plan.capacity
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
@@ -229,17 +308,8 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma)
             gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma).astype(_F32)
             up = plgpu.load(up_smem.at[:, cols], layout=wgmma).astype(_F32)
-            sig = 1.0 / (1.0 + jnp.exp(-gate))
-            silu = gate * sig
-            a = silu * up
-            part = jnp.sum(da * a, axis=1)
-            ds = part if ds is None else ds + part
-            s_b = lax.broadcast_in_dim(s, (bm, epi_n), [0])
-            ds_b = da * s_b
-            dgate_smem[c] = plgpu.layout_cast(
-                (ds_b * up * sig * (1.0 + gate * (1.0 - sig))).astype(dtype), wgmma)
-            dup_smem[c] = plgpu.layout_cast((ds_b * silu).astype(dtype), wgmma)
-            ap_smem[c] = plgpu.layout_cast((a * s_b).astype(dtype), wgmma)
+            ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
+                                 (dgate_smem.at[c], dup_smem.at[c], ap_smem.at[c]))
           ds_smem[...] = plgpu.layout_cast(ds, plgpu.Layout.WGMMA.reduce(1))
           plgpu.commit_smem()
           for c in range(bn // epi_n):
@@ -307,6 +377,193 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   # which an XLA slice of a larger array need not be.
   meta = jnp.stack([tiles.expert, tiles.load // bm, tiles.dst - tiles.load, tiles.rows])
   dh_out, a_prime, ds_part = kernel(meta, lhs, w2, h, scores_grouped)
+  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
+  ds = jnp.sum(ds_part[:, tile, within], axis=0)
+  return dh_out, a_prime, jnp.where(valid, ds, 0.0)
+
+
+_PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused gather
+_CONSUMER_REGS = 240  # 512 - 40 per thread slot over the two warpgroups, capped like up_proj
+
+
+def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, interpret):
+  """dh with the dO row gather inside the kernel (``DhConfig(gather="fused")``).
+
+  Warp-specialized: warpgroup 1 (producer) walks its CTA's (tile, k step) sequence and fills a
+  ``max_concurrent_steps``-deep ring, the W2 tile by TMA (``full_b``) and the gathered dO rows
+  dout[gather_idx[row0 : row0 + block_m], k0 : k0 + block_k] by cp.async (``full_a``,
+  cp_async.py); warpgroup 0 (consumer) TMA-prefetches the tile's H gate/up tiles and scores,
+  runs the wgmma over the ring (releasing each stage on ``empty`` one step late, after
+  ``wgmma_wait(1)``), then the epilogue of the default kernel, staging one epi_n chunk of the
+  three outputs at a time. Global step g of a CTA uses slot g % slots for the (g // slots)-th
+  time, which gives ``full_a``'s phase parity. The ring does not restart per tile, so the next
+  tile's loads overlap this tile's epilogue. Same tiles, same dS partials as the default path.
+  """
+  num_experts, n, d = w2.shape
+  del num_experts
+  p_rows = plan.capacity
+  bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
+  slots = config.max_concurrent_steps
+  dtype = h.dtype
+  itemsize = jnp.dtype(dtype).itemsize
+  interp = bool(interpret)
+  tiles = tiles_lib.make_tiles(plan.group_sizes, plan.group_offsets, block_m=bm, align=bm,
+                               capacity=p_rows)
+  tiles_max = tiles.expert.shape[0]
+  grid_n = n // bn
+  k_steps = d // bk
+  n_chunks = bn // epi_n
+  scores_grouped = scores_grouped.astype(_F32)
+  # The last block's window may run past P: its gather indices are padded with token 0 (a
+  # valid row; those rows are computed and never stored).
+  blocks = -(-p_rows // bm)
+  gidx = jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bm - p_rows))
+
+  swizzle = plgpu.find_swizzle(epi_n * itemsize * 8)
+  h_transforms = (plgpu.TilingTransform((8, swizzle // itemsize)),
+                  plgpu.SwizzleTransform(swizzle))
+
+  def body(meta_gmem, gidx_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, dh_gmem, ap_gmem, dsp_gmem,
+           a_ring, b_ring, gate_smem, up_smem, s_smem, out_smem, ds_smem, full_a, full_b, empty,
+           h_bars):
+    wg = lax.axis_index("wg")
+    num_tiles = meta_gmem[4, 0]
+    cp_async.init_barriers(full_a, slots, interpret=interp)
+
+    def tiles_loop(tile_body):
+      @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
+      def _loop(info: plgpu.NDLoopInfo, carry):
+        mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_block_n)
+        tile_body(mi, ni, carry)
+        return carry + k_steps  # global k step of this CTA: the ring position
+      return _loop
+
+    @pl.when(wg == 1)
+    def _producer():
+      plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+
+      def tile(mi, ni, g0):
+        e = meta_gmem[0, mi]
+        row0 = meta_gmem[1, mi] * bm
+
+        @pl.loop(0, k_steps)
+        def _k(kk):
+          g = g0 + kk
+          slot = lax.rem(g, slots)
+
+          @pl.when(g >= slots)
+          def _():
+            plgpu.barrier_wait(empty.at[slot])
+          plgpu.copy_gmem_to_smem(w2_gmem.at[e, pl.ds(ni * bn, bn), pl.ds(kk * bk, bk)],
+                                  b_ring.at[slot], full_b.at[slot])
+          cp_async.issue_gather(gidx_gmem, dout_gmem, a_ring, full_a, slot=slot, row0=row0,
+                                k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
+
+      total = tiles_loop(tile)
+
+      # Observe the consumer's releases of the last stages too, so every barrier phase has been
+      # awaited when the barriers are freed (the interpreter checks this).
+      @pl.loop(jnp.maximum(total - slots, 0), total)
+      def _released(g):
+        plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
+
+    @pl.when(wg == 0)
+    def _consumer():
+      plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+      wgmma_layout = plgpu.Layout.WGMMA
+
+      def tile(mi, ni, g0):
+        blk = meta_gmem[1, mi]
+        lo = meta_gmem[2, mi]
+        rows = meta_gmem[3, mi]
+        row_start = pl.multiple_of(blk * bm, bm)
+        m_slice = pl.ds(row_start, bm)  # may run past P on the last block: never stored
+        # The previous tile's epilogue has read gate/up into registers (its commit_smem fenced
+        # and synchronized the warpgroup), so the TMA may overwrite them.
+        plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(ni * bn, bn)], gate_smem, h_bars.at[0])
+        plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(n + ni * bn, bn)], up_smem,
+                                h_bars.at[1])
+        plgpu.copy_gmem_to_smem(s_gmem.at[m_slice], s_smem, h_bars.at[2])
+
+        def acc_scope(acc_ref):
+          @pl.loop(0, k_steps)
+          def _k(kk):
+            g = g0 + kk
+            slot = lax.rem(g, slots)
+            plgpu.barrier_wait(full_b.at[slot])
+            cp_async.wait_gathered(full_a, slot=slot, parity=lax.rem(g // slots, 2),
+                                   interpret=interp)
+            plgpu.wgmma(acc_ref, a_ring.at[slot], b_ring.at[slot].T)
+            plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
+
+            @pl.when(kk > 0)
+            def _():
+              plgpu.barrier_arrive(empty.at[lax.rem(g - 1 + slots, slots)])
+          acc = acc_ref[...]  # waits for every wgmma of the tile
+          plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
+          return acc
+
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
+        for i in range(3):
+          plgpu.barrier_wait(h_bars.at[i])
+        s = plgpu.load(s_smem, layout=wgmma_layout.reduce(1))
+        ds = None
+        for c in range(n_chunks):
+          cols = pl.ds(c * epi_n, epi_n)
+          da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma_layout)
+          gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma_layout).astype(_F32)
+          up = plgpu.load(up_smem.at[:, cols], layout=wgmma_layout).astype(_F32)
+          # One staged chunk (SMEM): the previous chunk's (or tile's) stores must have read it.
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
+                               (out_smem.at[0], out_smem.at[1], out_smem.at[2]))
+          plgpu.commit_smem()
+          col = ni * bn + c * epi_n
+          _store_rows(out_smem.at[0], dh_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
+          _store_rows(out_smem.at[1], dh_gmem, row_start, lo, pl.ds(n + col, epi_n), rows, bm)
+          _store_rows(out_smem.at[2], ap_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
+        ds_smem[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(ds_smem, dsp_gmem.at[ni, mi])
+
+      tiles_loop(tile)
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  scratch = [
+      # Untiled in the interpreter (it checks no layouts and its row copies need none).
+      plgpu.SMEM((slots, bm, bk), dtype,
+                 transforms=() if interp else cp_async.a_transforms(bk, itemsize)),
+      plgpu.SMEM((slots, bn, bk), dtype),
+      plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((bm,), _F32),
+      # dH gate, dH up, A' of one epi_n chunk, untiled: the ragged stores slice any row.
+      plgpu.SMEM((3, bm, epi_n), dtype),
+      plgpu.SMEM((bm,), _F32),
+      cp_async.barrier_scratch(slots, interpret=interp),
+      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # full_b: the W2 TMA
+      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # empty: the consumer's release
+      plgpu.Barrier(num_arrivals=1, num_barriers=3),  # H gate, H up, scores
+  ]
+  kernel = plgpu.kernel(
+      body,
+      out_type=(jax.ShapeDtypeStruct((p_rows, 2 * n), dtype),
+                jax.ShapeDtypeStruct((p_rows, n), dtype),
+                jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
+      grid=(_num_sms(config, interp),),
+      grid_names=("sm",),
+      num_threads=2,
+      thread_name="wg",
+      scratch_types=scratch,
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=interpret_params(interpret),
+  )
+  # Live tiles come first (tiles.make_tiles), so the CTAs loop over num_tiles x grid_n work
+  # items, the count in row 4; one freshly stacked buffer (256-byte aligned, see dh()).
+  meta = jnp.stack([tiles.expert, tiles.load // bm, tiles.dst - tiles.load, tiles.rows,
+                    jnp.broadcast_to(tiles.num_tiles, (tiles_max,)).astype(jnp.int32)])
+  dh_out, a_prime, ds_part = kernel(meta, gidx, dout, w2, h, scores_grouped)
   tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
