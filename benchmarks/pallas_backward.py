@@ -32,7 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from sonic_jax.bench.timing import compile_and_time  # noqa: E402
-from sonic_jax.pallas.dh import DhConfig, dh  # noqa: E402
+from sonic_jax.pallas.dh import DhConfig, dh, dh_config_for  # noqa: E402
 from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2, grouped_outer  # noqa: E402
 from sonic_jax.routing import route_logits  # noqa: E402
 from sonic_jax.xla_backend import XlaKernels, dswiglu  # noqa: E402
@@ -211,6 +211,20 @@ def bench(shape, iters, results, only="all"):
     try_(lambda: record(best_dh[0] + " (+XLA gather)", "dh",
                         time_ms(fg, a["dout"], a["w2"], a["h"], s, plan, iters=iters),
                         f_dh_flops))
+
+  # dO rows gathered inside the kernel (DhConfig(gather="fused"), opt-in): raw dout in, so the
+  # time includes the gather, against the "(+XLA gather)" row above.
+  fused_cfgs = {} if only == "wgrad" else {
+      "dh fused gather (dh_config_for)": dh_config_for(a["dout"].shape[1], a["h"].shape[1] // 2,
+                                                       gather="fused"),
+      "dh fused gather 128x128x32 s6": DhConfig(block_k=32, max_concurrent_steps=6,
+                                                gather="fused"),
+  }
+  for name, cfg in fused_cfgs.items():
+    ff = jax.jit(lambda dout, w2, h, s, plan, cfg=cfg: dh(dout, w2, h, s, plan, config=cfg,
+                                                          interpret=INTERPRET))
+    try_(lambda: record(name, "dh", time_ms(ff, a["dout"], a["w2"], a["h"], s, plan,
+                                             iters=iters), f_dh_flops))
 
   wg_cfgs = {} if only == "dh" else {
       "wgrad 128x128x64 s4 gbn1": WgradConfig(),
