@@ -3,9 +3,12 @@
 #   1. the Pallas forward GPU tests (xla and fused gather, against the xla backend);
 #   2. benchmarks/pallas_forward.py: up_proj and the whole forward, XLA gather vs fused gather;
 #   3. the Triton GPU tests (routing kernels and the radix-select kernel);
-#   4. benchmarks/token_rounding_select.py with a config sweep.
+#   4. benchmarks/token_rounding_select.py with a config sweep;
+#   (opt-in, PB_TEST_S / PB_BENCH_S > 0) the backward's fused-gather and cross-tile GPU tests and
+#   benchmarks/pallas_backward.py (PB_ARGS, e.g. "--only dh").
 #   run(command="bash scripts/h200_kernels.sh", carry=[".whl"], timeout_s=600)
-# Knobs: PF_TEST_S, PF_BENCH_S, PF_CONFIGS, PF_PARTS, TRITON_TEST_S, SELECT_S, SELECT_CONFIGS.
+# Knobs: PF_TEST_S, PF_TEST_K, PF_BENCH_S, PF_CONFIGS, PF_PARTS, PF_ARGS, PB_TEST_S, PB_TEST_K,
+# PB_BENCH_S, PB_ARGS, TRITON_TEST_S, SELECT_S, SELECT_CONFIGS.
 set -uo pipefail
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
@@ -35,6 +38,20 @@ if [ "${PF_BENCH_S:-200}" -gt 0 ]; then
   timeout "${PF_BENCH_S:-200}" $PY benchmarks/pallas_forward.py --out-dir "$LOGS/pf" \
     --configs "${PF_CONFIGS:-7B-1024,30B-512,7B-256,120B-1024}" --parts "${PF_PARTS:-up,forward}" ${PF_ARGS:-} \
     2>&1 | tail -n 40
+  pack
+fi
+if [ "${PB_TEST_S:-0}" -gt 0 ]; then
+  echo "== [$(since) s] Pallas backward GPU tests (${PB_TEST_K:-fused or cross_tile})"
+  timeout "${PB_TEST_S}" $PY -m pytest -m gpu -q -p no:cacheprovider \
+    tests/test_pallas_backward.py tests/test_pallas_wgrad_fused.py tests/test_pallas_forward.py \
+    -k "${PB_TEST_K:-fused or cross_tile}" 2>&1 | tee "$LOGS/pallas-backward-gpu-tests.log" | tail -n 15
+  pack
+fi
+if [ "${PB_BENCH_S:-0}" -gt 0 ]; then
+  echo "== [$(since) s] pallas_backward.py ${PB_ARGS:-}"
+  mkdir -p "$LOGS/pb"
+  timeout "${PB_BENCH_S}" $PY benchmarks/pallas_backward.py --out "$LOGS/pb" ${PB_ARGS:-} 2>&1 \
+    | tail -n 30
   pack
 fi
 if [ "${TRITON_TEST_S:-120}" -gt 0 ]; then
