@@ -436,6 +436,17 @@ def test_forward_kernels_lower_to_mosaic_gpu(variant):
   assert "mosaic_gpu" in text
 
 
+def test_swiglu_heuristic_fuses_the_gather_where_measured():
+  from sonic_jax.pallas import configs
+  fused = configs.swiglu_gemm_config(4096, 512)
+  assert fused.gather == "fused" and fused.num_compute_wgs == 2 and fused.grid_tile_width == 16
+  assert configs.swiglu_gemm_config(1024, 192).gather == "xla"  # n % 128 != 0: untimed
+  assert configs.swiglu_gemm_config(4096, 512, gather="xla").gather == "xla"
+  from sonic_jax.pallas import cp_async
+  with pytest.raises(ValueError, match="block_k"):
+    cp_async.swizzle_bytes(24, 2)  # 48-byte rows: no swizzle mode fits
+
+
 def test_config_rejects_bad_fields():
   with pytest.raises(ValueError, match="block_m"):
     GemmConfig(block_m=96)
