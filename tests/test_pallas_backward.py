@@ -18,13 +18,16 @@ import jax
 import jax.numpy as jnp
 
 from sonic_jax.pallas.dh import DhConfig, dh, dh_config_for, smem_bytes
-from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2
+from sonic_jax.pallas import wgrad as wgrad_lib
+from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2, wgrad_config_for
 from sonic_jax.routing import RoutingPlan
 from sonic_jax.xla_backend import XlaKernels
 
 XLA = XlaKernels()
 DH_CFG = DhConfig(block_m=64, block_n=128, block_k=64, epi_n=64)  # two epilogue chunks
 WG_CFG = WgradConfig(block_m=64, block_n=64, block_k=64)
+WG_FUSED_CFG = WgradConfig(block_m=64, block_n=64, block_k=64, max_concurrent_steps=2,
+                           gather="fused")
 # bf16 outputs round at 2^-9 relative; fp32 results (dS) are checked much tighter.
 BF16_TOL = 8e-3
 F32_TOL = 1e-4
@@ -247,6 +250,113 @@ def test_dw1_dw2_match_xla(case):
       assert _rel(g2[e], w2[e]) < BF16_TOL, f"dW2 expert {e}"
 
 
+def _assert_wgrad_matches(g1, g2, plan, w1, w2):
+  assert g1.shape == w1.shape and g2.shape == w2.shape
+  for e, size in enumerate(np.asarray(plan.group_sizes)):
+    if size == 0:
+      assert np.all(np.asarray(g1[e]) == 0) and np.all(np.asarray(g2[e]) == 0), f"expert {e}"
+    else:
+      assert _rel(g1[e], w1[e]) < BF16_TOL, f"dW1 expert {e}"
+      assert _rel(g2[e], w2[e]) < BF16_TOL, f"dW2 expert {e}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dw1_dw2_fused_gather_matches_xla(case):
+  """The in-kernel row gather (x for dW1, dO for dW2): empty experts, a 1-row expert, groups
+  straddling K blocks, every token on one expert, NaN in padding rows of dH / A'."""
+  a = _inputs(case)
+  plan = a["plan"]
+  f = jax.jit(lambda x, dout, dh_, ap: (
+      dw1(x, dh_, plan, config=WG_FUSED_CFG, interpret=True),
+      dw2(dout, ap, plan, config=WG_FUSED_CFG, interpret=True)))
+  g1, g2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
+  _assert_wgrad_matches(g1, g2, plan, XLA.dw1(a["x"], a["dh"], plan),
+                        XLA.dw2(a["dout"], a["a_prime"], plan))
+
+
+def test_wgrad_fused_gather_wide_tiles_float32():
+  """128-column gathered tiles (two 128-byte swizzle columns on the GPU), a 3-deep ring over
+  (64-row) K blocks of many experts, fp32 output: the ring wraps inside and across tiles."""
+  a = _inputs("padding_e6", d=256, n=128)
+  plan = a["plan"]
+  cfg = WgradConfig(block_m=128, block_n=128, block_k=64, max_concurrent_steps=3,
+                    out_dtype="float32", gather="fused")
+  f = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=cfg, interpret=True),
+                                        dw2(dout, ap, plan, config=cfg, interpret=True)))
+  g1, g2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
+  assert g1.dtype == g2.dtype == jnp.float32
+  w1 = XLA.dw1(a["x"], a["dh"], plan)
+  w2 = XLA.dw2(a["dout"], a["a_prime"], plan)
+  assert _rel(g1, w1) < F32_TOL and _rel(g2, w2) < F32_TOL
+
+
+def test_wgrad_fused_gather_validation():
+  a = _inputs("straddle_e5")
+  plan = a["plan"]
+  with pytest.raises(ValueError, match="WgradConfig.gather must be 'xla' or 'fused'"):
+    WgradConfig(gather="tma")
+  with pytest.raises(ValueError, match="WgradConfig.max_concurrent_steps must be >= 2"):
+    WgradConfig(max_concurrent_steps=1, gather="fused")
+  with pytest.raises(ValueError, match="WgradConfig.block_k must be a multiple of 64"):
+    WgradConfig(block_k=32)
+  with pytest.raises(ValueError, match="x_gathered must be None"):
+    dw1(a["x"], a["dh"], plan, config=WG_FUSED_CFG, interpret=True,
+        x_gathered=a["x"][plan.gather_idx])
+  with pytest.raises(ValueError, match="dout_gathered must be None"):
+    dw2(a["dout"], a["a_prime"], plan, config=WG_FUSED_CFG, interpret=True,
+        dout_gathered=a["dout"][plan.gather_idx])
+  with pytest.raises(ValueError, match="grouped_outer takes gathered operands"):
+    wgrad_lib.grouped_outer(a["x"][plan.gather_idx], a["dh"], plan, config=WG_FUSED_CFG,
+                            interpret=True)
+  # A 192-column gathered tile (384 bytes) does not divide the producer's 2048-byte pass.
+  wide = WgradConfig(block_m=192, block_n=64, max_concurrent_steps=2, gather="fused")
+  x192 = jnp.zeros((a["x"].shape[0], 192), a["x"].dtype)
+  with pytest.raises(ValueError, match=r"WgradConfig.block_m \(192\) with gather='fused'"):
+    dw1(x192, a["dh"], plan, config=wide, interpret=True)
+  with pytest.raises(ValueError, match="dh must have shape"):
+    dw1(a["x"], a["dh"][1:], plan, config=WG_FUSED_CFG, interpret=True)
+  with pytest.raises(ValueError, match="must share a dtype"):
+    dw2(a["dout"], a["a_prime"].astype(jnp.float16), plan, config=WG_FUSED_CFG, interpret=True)
+  deep = WgradConfig(max_concurrent_steps=6, gather="fused")  # 6 x 32 KiB ring + 32 KiB tile
+  assert wgrad_lib.smem_bytes(deep) > wgrad_lib.SMEM_LIMIT
+  with pytest.raises(ValueError, match="bytes of SMEM"):
+    dw1(jnp.zeros((a["x"].shape[0], 128), a["x"].dtype), a["dh"], plan, config=deep,
+        interpret=True)
+
+
+def test_wgrad_config_for_fused_gather():
+  """Same tiles as the XLA-gather default, the deepest ring (<= 5) that fits SMEM."""
+  for m, n in ((4096, 2048), (1024, 4096), (768, 192), (256, 64)):
+    base = wgrad_config_for(m, n)
+    cfg = wgrad_config_for(m, n, gather="fused")
+    assert base.gather == "xla" and cfg.gather == "fused"
+    assert (cfg.block_m, cfg.block_n, cfg.block_k) == (base.block_m, base.block_n, base.block_k)
+    assert wgrad_lib.smem_bytes(cfg) <= wgrad_lib.SMEM_LIMIT
+    deeper = dataclasses.replace(cfg, max_concurrent_steps=cfg.max_concurrent_steps + 1)
+    assert cfg.max_concurrent_steps == 5 or wgrad_lib.smem_bytes(deeper) > wgrad_lib.SMEM_LIMIT
+  assert wgrad_config_for(4096, 2048, gather="fused").max_concurrent_steps == 5
+
+
+@pytest.mark.parametrize("cfg", [
+    WgradConfig(max_concurrent_steps=5, grid_block_n=4, gather="fused", num_sms=132),
+    WgradConfig(block_m=64, block_n=64, max_concurrent_steps=3, gather="fused", num_sms=132),
+    WgradConfig(block_k=128, max_concurrent_steps=2, out_dtype="float32", gather="fused",
+                num_sms=132),
+], ids=["128x128x64", "64x64x64", "128x128x128-f32"])
+def test_wgrad_fused_gather_lowers_to_mosaic_gpu(cfg):
+  """Lowers the fused-gather dw1 and dw2 for CUDA on the CPU host: layout inference of the
+  transposed-lhs wgmma on a cp.async-filled tiled ring (dw1), the gathered rhs (dw2), the
+  boundary masks, and the inline cp.async / mbarrier code."""
+  a = _inputs("straddle_e5", d=256, n=128)
+  plan = a["plan"]
+  f = lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=cfg), dw2(dout, ap, plan, config=cfg))
+  text = jax.jit(f).trace(a["x"], a["dout"], a["dh"], a["dh"]).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  for op in ("cp.async.shared.global", "cp.async.mbarrier.arrive", "mbarrier.try_wait.parity"):
+    assert op in text, op
+
+
 def test_wgrad_float32_output():
   a = _inputs("straddle_e5")
   plan = a["plan"]
@@ -368,12 +478,20 @@ def _pallas_backend_complete():
     return None, f"the Pallas backend does not import: {e}"
 
 
-def test_moe_gradients_pallas_interpret_vs_xla():
+@pytest.mark.parametrize("gathers", ["xla", "fused"])
+def test_moe_gradients_pallas_interpret_vs_xla(gathers):
+  """The layer's gradients through the Pallas kernels; "fused": dh, dw1 and dw2 gather their dO
+  / x rows in the kernel (configs passed through ForwardConfig)."""
   import sonic_jax
   kernels, why = _pallas_backend_complete()
   if kernels is None:
     pytest.skip(why)
   t, d, n, e, k = 64, 128, 64, 5, 2
+  if gathers == "fused":
+    from sonic_jax.pallas.backend import PallasKernels
+    from sonic_jax.pallas.configs import ForwardConfig
+    kernels = PallasKernels(interpret=True, config=ForwardConfig(
+        dh=dataclasses.replace(DH_FUSED_CFG, block_n=64), dw1=WG_FUSED_CFG, dw2=WG_FUSED_CFG))
   keys = jax.random.split(jax.random.key(3), 5)
   bf = jnp.bfloat16
   x = jax.random.normal(keys[0], (t, d), bf)
@@ -465,3 +583,27 @@ def test_gpu_dw1_dw2_match_xla():
   h1, h2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
   assert np.array_equal(np.asarray(g1), np.asarray(h1)), "dW1 not deterministic"
   assert np.array_equal(np.asarray(g2), np.asarray(h2)), "dW2 not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_wgrad_fused_gather_matches_default():
+  """WgradConfig(gather="fused") (the heuristic's tiles and ring) against the XLA-gather kernel
+  and the xla backend at a realistic size; same tiles and K order, so it matches the default to
+  fp32 rounding; deterministic."""
+  a = _gpu_inputs()
+  plan = a["plan"]
+  d, n = a["x"].shape[1], a["a_prime"].shape[1]
+  c1 = wgrad_config_for(d, 2 * n, gather="fused")
+  c2 = wgrad_config_for(n, d, gather="fused")
+  fused = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1),
+                                            dw2(dout, ap, plan, config=c2)))
+  base = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan), dw2(dout, ap, plan)))
+  args = (a["x"], a["dout"], a["dh"], a["a_prime"])
+  got, ref = fused(*args), base(*args)
+  want = (XLA.dw1(a["x"], a["dh"], plan), XLA.dw2(a["dout"], a["a_prime"], plan))
+  for name, g, b, w in zip(("dW1", "dW2"), got, ref, want):
+    assert _rel(g, w) < BF16_TOL, f"{name} vs xla"
+    assert _rel(g, b) < 1e-3, f"{name} vs the default kernel"
+  again = fused(*args)
+  for g, g2 in zip(got, again):
+    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"

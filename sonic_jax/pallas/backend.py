@@ -62,22 +62,19 @@ class PallasKernels(ExpertKernels):
   def _combine_config(self, d):
     return self.config.combine or cfg_lib.combine_config(d)
 
-  # The backward kernels' tilings (the same per-shape defaults dh / dw1 / dw2 pick themselves);
-  # validate() checks exactly the configs the entry points below run.
-  @staticmethod
-  def _dh_config(d, n):
+  # The backward kernels' tilings (config overrides, else the per-shape defaults dh / dw1 / dw2
+  # pick themselves); validate() checks exactly the configs the entry points below run.
+  def _dh_config(self, d, n):
     from sonic_jax.pallas.dh import dh_config_for
-    return dh_config_for(d, n)
+    return self.config.dh or dh_config_for(d, n)
 
-  @staticmethod
-  def _dw1_config(d, two_n):
+  def _dw1_config(self, d, two_n):
     from sonic_jax.pallas.wgrad import wgrad_config_for
-    return wgrad_config_for(d, two_n)
+    return self.config.dw1 or wgrad_config_for(d, two_n)
 
-  @staticmethod
-  def _dw2_config(n, d):
+  def _dw2_config(self, n, d):
     from sonic_jax.pallas.wgrad import wgrad_config_for
-    return wgrad_config_for(n, d)
+    return self.config.dw2 or wgrad_config_for(n, d)
 
   def validate(self, x, plan, w1, w2, *, backward: bool = True) -> None:
     """Raises ValueError (naming the argument and the rule) for shapes these kernels cannot tile.
@@ -127,10 +124,10 @@ class PallasKernels(ExpertKernels):
          lambda: dh_lib.validate_dh_shapes(d, n, self._dh_config(d, n))),
         ("dw1 (x[gather_idx]ᵀ · dh)",
          lambda: wg_lib.validate_wgrad_shapes(d, 2 * n, self._dw1_config(d, 2 * n),
-                                              ("x[gather_idx]", "dh"))),
+                                              ("x[gather_idx]", "dh"), gathered="lhs")),
         ("dw2 (a_primeᵀ · dout[gather_idx])",
          lambda: wg_lib.validate_wgrad_shapes(n, d, self._dw2_config(n, d),
-                                              ("a_prime", "dout[gather_idx]"))),
+                                              ("a_prime", "dout[gather_idx]"), gathered="rhs")),
     )
     for what, check in checks:
       try:

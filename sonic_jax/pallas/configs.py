@@ -25,7 +25,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
+
+if TYPE_CHECKING:  # dh.py / wgrad.py import the kernels; configs.py stays import-light
+  from sonic_jax.pallas.dh import DhConfig
+  from sonic_jax.pallas.wgrad import WgradConfig
 
 GatherMode = Literal["xla", "fused"]
 
@@ -110,12 +114,18 @@ class CombineConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardConfig:
-  """Configs of the forward kernels of one layer (None: heuristic per shape)."""
+  """Configs of one layer's kernels (None: heuristic per shape). Despite the name (kept for
+  compatibility) it also holds the backward's: dx_pairs, dh (``dh.DhConfig``) and dw1 / dw2
+  (``wgrad.WgradConfig``), e.g. ``dh=dh_config_for(d, n, gather="fused")`` for the in-kernel dO
+  gather."""
 
   up_proj: GemmConfig | None = None
   down_proj: GemmConfig | None = None
   dx_pairs: GemmConfig | None = None
   combine: CombineConfig | None = None
+  dh: "DhConfig | None" = None
+  dw1: "WgradConfig | None" = None
+  dw2: "WgradConfig | None" = None
 
 
 def _block_k(k: int) -> int:

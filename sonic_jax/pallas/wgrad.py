@@ -11,13 +11,20 @@ neighbour (or padding rows, which may be NaN): those two blocks are masked in re
 select (not a multiply, so NaN never leaks) and written back to SMEM before the wgmma. Every
 output tile is written once by one CTA: deterministic, no atomics; empty experts give zeros.
 
-The row gather (x or dO by gather_idx) is an XLA gather feeding the kernel (first fast path).
+The row gather (x or dO by gather_idx) is by default an XLA gather feeding the kernel
+(``WgradConfig(gather="xla")``). ``gather="fused"`` reads the gathered rows inside the kernel
+instead (``_grouped_outer_fused``): a producer warpgroup walks its CTA's (expert, M tile, N tile,
+K block) sequence and fills one ring that runs across output tiles, the plain operand by TMA and
+the gathered one (x for dW1, dO for dW2) by cp.async (``cp_async.py``, as up_proj and dh do);
+one consumer warpgroup masks the boundary blocks, runs the wgmma and stores the tile. No (P, d)
+gathered copy of x or dO exists in HBM.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from sonic_jax.pallas import cp_async
 from sonic_jax.pallas.dh import _num_sms, interpret_params
 from sonic_jax.routing import RoutingPlan
 
@@ -40,6 +48,11 @@ class WgradConfig:
   grid_block_n: planar-snake width over the (M, N) tiles of one expert.
   out_dtype: None = the operand dtype (the custom_vjp casts to the weight dtype anyway), or
   float32. num_sms: persistent CTAs; None = the device's SM count (2 in interpret mode).
+  gather: "xla" (the gathered operand is an XLA gather before the kernel, the default) or
+  "fused" (cp.async inside the kernel; a producer warpgroup + one consumer warpgroup, the ring
+  of max_concurrent_steps (>= 2) stages running across output tiles; ``smem_bytes``). The
+  gathered tile is (block_k rows, block_m or block_n columns): its width in bytes must be 32, 64
+  or a multiple of 128 dividing 2048.
   """
 
   block_m: int = 128
@@ -49,6 +62,7 @@ class WgradConfig:
   grid_block_n: int = 1
   out_dtype: str | None = None
   num_sms: int | None = None
+  gather: Literal["xla", "fused"] = "xla"
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n"):
@@ -57,16 +71,50 @@ class WgradConfig:
         raise ValueError(f"WgradConfig.{f} must be a positive int, got {v!r}")
     if self.block_m % 64:
       raise ValueError(f"WgradConfig.block_m must be a multiple of 64, got {self.block_m}")
+    # The boundary-block mask holds a (block_k, ·) K block in the wgmma register layout, whose
+    # rows come in 64s (block_k = 32 fails Mosaic GPU's layout cast).
+    if self.block_k % 64:
+      raise ValueError(f"WgradConfig.block_k must be a multiple of 64, got {self.block_k}")
     if self.out_dtype not in (None, "float32"):
       raise ValueError(f"WgradConfig.out_dtype must be None or 'float32', got {self.out_dtype!r}")
+    if self.gather not in ("xla", "fused"):
+      raise ValueError(f"WgradConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
+    if self.gather == "fused":
+      if self.max_concurrent_steps < 2:
+        raise ValueError(f"WgradConfig.max_concurrent_steps must be >= 2 with gather='fused' "
+                         f"(the consumer frees a stage one step late), got "
+                         f"{self.max_concurrent_steps}")
 
 
-def wgrad_config_for(m: int, n: int) -> WgradConfig:
+SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for barriers
+
+
+def smem_bytes(config: WgradConfig, itemsize: int = 2) -> int:
+  """SMEM of one CTA: the K-block ring and the staged output tile. With gather="xla" the
+  output tile reuses the ring's space (separate scopes); with "fused" the ring runs across
+  tiles (the producer fills the next tile's stages during this tile's store), so both stay."""
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  ring = config.max_concurrent_steps * bk * (bm + bn) * itemsize
+  out = bm * bn * (4 if config.out_dtype == "float32" else itemsize)
+  return ring + out if config.gather == "fused" else max(ring, out)
+
+
+def wgrad_config_for(m: int, n: int, *,
+                     gather: Literal["xla", "fused"] = "xla") -> WgradConfig:
   """Default tiling for an (E, m, n) output: 128-wide tiles where the shape allows, else 64;
   5 stages and a planar-snake width of 4 (dW1 at T=32768, d=4096, n=1024, E=128, K=8 on H200:
-  6.52 ms against 6.76 ms with 4 stages and width 1)."""
-  return WgradConfig(block_m=128 if m % 128 == 0 else 64, block_n=128 if n % 128 == 0 else 64,
-                     max_concurrent_steps=5, grid_block_n=4)
+  6.52 ms against 6.76 ms with 4 stages and width 1). gather="fused": the same tiles with the
+  deepest ring (<= 5) that fits SMEM next to the output tile (5 at 128 x 128 x 64)."""
+  config = WgradConfig(block_m=128 if m % 128 == 0 else 64,
+                       block_n=128 if n % 128 == 0 else 64,
+                       max_concurrent_steps=5, grid_block_n=4)
+  if gather == "xla":
+    return config
+  for steps in (5, 4, 3, 2):
+    fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)
+    if smem_bytes(fused) <= SMEM_LIMIT:
+      return fused
+  return dataclasses.replace(config, gather="fused", max_concurrent_steps=2)
 
 
 def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
@@ -82,9 +130,11 @@ def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
   validate_wgrad_shapes(lhs.shape[1], rhs.shape[1], config, names)
 
 
-def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rhs")) -> None:
+def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rhs"),
+                          gathered: Literal["lhs", "rhs"] | None = None) -> None:
   """Raises ValueError when an (E, m, n) output cannot be tiled by ``config``; ``names`` name
-  the (P, m) and (P, n) operands."""
+  the (P, m) and (P, n) operands; ``gathered`` names the side a fused gather reads (the rule on
+  its tile width applies with ``config.gather == "fused"``)."""
   ln, rn = names
   if m % config.block_m:
     raise ValueError(f"{ln}.shape[1] ({m}) must be a multiple of WgradConfig.block_m "
@@ -92,12 +142,36 @@ def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rh
   if n % config.block_n:
     raise ValueError(f"{rn}.shape[1] ({n}) must be a multiple of WgradConfig.block_n "
                      f"({config.block_n})")
+  if config.gather == "fused" and gathered is not None:
+    field, cols = (("block_m", config.block_m) if gathered == "lhs"
+                   else ("block_n", config.block_n))
+    row = cols * 2  # bf16 / f16 bytes of one gathered tile row
+    ok = True
+    try:
+      cp_async.swizzle_bytes(cols, 2)
+    except ValueError:
+      ok = False
+    if not ok or (cp_async.WARPGROUP * cp_async.CHUNK_BYTES) % row:
+      raise ValueError(
+          f"WgradConfig.{field} ({cols}) with gather='fused' must make the gathered tile row "
+          f"(the {ln if gathered == 'lhs' else rn} side, {row} bytes) 32, 64 or a multiple of "
+          f"128 bytes dividing {cp_async.WARPGROUP * cp_async.CHUNK_BYTES}")
+  if smem_bytes(config) > SMEM_LIMIT:
+    raise ValueError(f"WgradConfig {config} needs {smem_bytes(config)} bytes of SMEM, more "
+                     f"than {SMEM_LIMIT}: lower max_concurrent_steps, block_k, block_m or "
+                     f"block_n")
 
 
 def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
                   config: WgradConfig | None = None, interpret=False) -> jax.Array:
-  """out[e] = Σ_{p in group e} lhs[p]ᵀ ⊗ rhs[p]: lhs (P, M), rhs (P, N) -> (E, M, N)."""
+  """out[e] = Σ_{p in group e} lhs[p]ᵀ ⊗ rhs[p]: lhs (P, M), rhs (P, N) -> (E, M, N).
+
+  Both operands are already in grouped order; ``config.gather`` must be "xla" here (dw1 / dw2
+  take the ungathered source and run the fused gather themselves)."""
   config = config or wgrad_config_for(lhs.shape[-1], rhs.shape[-1])
+  if config.gather != "xla":
+    raise ValueError("grouped_outer takes gathered operands: WgradConfig.gather must be 'xla' "
+                     "here; use dw1 / dw2 for gather='fused'")
   _validate(lhs, rhs, plan, config, ("lhs", "rhs"))
   p_rows, m = lhs.shape
   n = rhs.shape[1]
@@ -181,16 +255,224 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
   return kernel(meta, lhs, rhs)
 
 
+def _block_meta(plan: RoutingPlan, bk: int) -> jax.Array:
+  """(4, E) int32: first row, end row, block-aligned first row, number of K blocks per expert."""
+  starts = plan.group_offsets[:-1]
+  ends = plan.group_offsets[1:]
+  block_starts = (starts // bk) * bk
+  num_blocks = jnp.where(ends > starts, (ends + bk - 1) // bk - starts // bk, 0)
+  return jnp.stack([starts, ends, block_starts, num_blocks]).astype(jnp.int32)
+
+
+def _mask_rows(ref, row0, start, end, rows: int, cols: int) -> None:
+  """Zeroes the rows of an SMEM (rows, cols) K block outside [start, end) with a select (not a
+  multiply: padding rows may hold NaN)."""
+  r = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (rows, cols), 0),
+                        plgpu.Layout.WGMMA) + row0
+  keep = (r >= start) & (r < end)
+  v = ref[...]
+  ref[...] = jnp.where(keep, v, jnp.zeros_like(v))
+
+
+_PRODUCER_REGS = 40  # the TMA + cp.async producer warpgroup
+_CONSUMER_REGS = 232  # the masking select needs a K block in registers next to the accumulator
+
+
+def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, config: WgradConfig,
+                         gathered: Literal["lhs", "rhs"], interpret) -> jax.Array:
+  """grouped_outer with one operand's rows gathered in the kernel: the ``gathered`` side is the
+  (T, ·) source read at plan.gather_idx, the other side is (P, ·) in grouped order.
+
+  Warp-specialized: warpgroup 1 (producer) walks its CTA's (expert, M tile, N tile) work items
+  and, for each, the expert's K blocks, filling a ``max_concurrent_steps``-deep ring: the plain
+  operand by TMA (``full_t``), the gathered rows src[gather_idx[row0 : row0 + block_k],
+  c0 : c0 + cols] by cp.async (``full_g``, cp_async.py). Warpgroup 0 (consumer) waits for both,
+  masks the expert's first and last K block (rows of a neighbour or of padding), runs the wgmma
+  (lhs transposed from SMEM), releases each stage on ``empty`` one step late (after
+  ``wgmma_wait(1)``), and stores the tile through SMEM by TMA. Global step g of a CTA uses slot
+  g % slots for the (g // slots)-th time, which gives ``full_g``'s phase parity; both
+  warpgroups derive g from the same per-expert block counts. The ring does not restart per
+  tile, so the next tile's loads overlap this tile's store. Empty experts issue no step and
+  store a zero tile.
+  """
+  p_rows = plan.capacity
+  m = lhs.shape[1]
+  n = rhs.shape[1]
+  g_experts = plan.num_experts
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  slots = config.max_concurrent_steps
+  dtype = lhs.dtype
+  itemsize = jnp.dtype(dtype).itemsize
+  out_dtype = jnp.float32 if config.out_dtype == "float32" else dtype
+  interp = bool(interpret)
+  grid_m, grid_n = m // bm, n // bn
+  # K blocks start at multiples of bk and may run past P (the last one): pad the gather index
+  # with token 0, a valid row that the masking zeroes.
+  blocks = -(-p_rows // bk) + 1
+  gidx = jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows))
+  lhs_is_gathered = gathered == "lhs"
+  g_cols = bm if lhs_is_gathered else bn
+
+  def body(meta_gmem, gidx_gmem, lhs_gmem, rhs_gmem, o_gmem, lhs_ring, rhs_ring, o_smem,
+           full_g, full_t, empty):
+    wg = lax.axis_index("wg")
+    cp_async.init_barriers(full_g, slots, interpret=interp)
+    g_ring, t_ring = (lhs_ring, rhs_ring) if lhs_is_gathered else (rhs_ring, lhs_ring)
+
+    def items_loop(item_body):
+      @plgpu.nd_loop((g_experts, grid_m * grid_n), collective_axes="sm",
+                     init_carry=jnp.int32(0))
+      def _loop(info: plgpu.NDLoopInfo, carry):
+        gi = info.index[0]
+        mi, ni = plgpu.planar_snake(info.index[1], (grid_m, grid_n), 1, config.grid_block_n)
+        nblocks = meta_gmem[3, gi]
+        item_body(gi, mi, ni, nblocks, carry)
+        return carry + nblocks  # global K step of this CTA: the ring position
+      return _loop
+
+    @pl.when(wg == 1)
+    def _producer():
+      plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+
+      def item(gi, mi, ni, nblocks, g0):
+        block_start = meta_gmem[2, gi]
+
+        @pl.loop(0, nblocks)
+        def _k(k):
+          g = g0 + k
+          slot = lax.rem(g, slots)
+          row0 = pl.multiple_of(block_start + k * bk, bk)
+
+          @pl.when(g >= slots)
+          def _():
+            plgpu.barrier_wait(empty.at[slot])
+          if lhs_is_gathered:
+            t_src = rhs_gmem.at[pl.ds(row0, bk), pl.ds(ni * bn, bn)]
+            g_src, c0 = lhs_gmem, mi * bm
+          else:
+            t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm, bm)]
+            g_src, c0 = rhs_gmem, ni * bn
+          plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot], full_t.at[slot])
+          cp_async.issue_gather(gidx_gmem, g_src, g_ring, full_g, slot=slot, row0=row0, k0=c0,
+                                block_m=bk, block_k=g_cols, interpret=interp)
+
+      total = items_loop(item)
+
+      # Observe the consumer's releases of the last stages too, so every barrier phase has been
+      # awaited when the barriers are freed (the interpreter checks this).
+      @pl.loop(jnp.maximum(total - slots, 0), total)
+      def _released(g):
+        plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
+
+    @pl.when(wg == 0)
+    def _consumer():
+      plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+
+      def item(gi, mi, ni, nblocks, g0):
+        start, end = meta_gmem[0, gi], meta_gmem[1, gi]
+        block_start = meta_gmem[2, gi]
+
+        def acc_scope(acc_ref):
+          @pl.loop(0, nblocks)
+          def _k(k):
+            g = g0 + k
+            slot = lax.rem(g, slots)
+            plgpu.barrier_wait(full_t.at[slot])
+            cp_async.wait_gathered(full_g, slot=slot, parity=lax.rem(g // slots, 2),
+                                   interpret=interp)
+
+            @pl.when((k == 0) | (k == nblocks - 1))
+            def _():
+              row0 = block_start + k * bk
+              _mask_rows(lhs_ring.at[slot], row0, start, end, bk, bm)
+              _mask_rows(rhs_ring.at[slot], row0, start, end, bk, bn)
+              plgpu.commit_smem()
+
+            plgpu.wgmma(acc_ref, lhs_ring.at[slot].T, rhs_ring.at[slot])
+            plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
+
+            @pl.when(k > 0)
+            def _():
+              plgpu.barrier_arrive(empty.at[lax.rem(g - 1 + slots, slots)])
+          acc = acc_ref[...]  # waits for every wgmma of the tile
+
+          @pl.when(nblocks > 0)
+          def _():
+            plgpu.barrier_arrive(empty.at[lax.rem(g0 + nblocks - 1, slots)])
+          return acc
+
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
+        # An empty expert runs no step: its accumulator keeps its zero initialization.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store read o_smem
+        o_smem[...] = acc.astype(out_dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[gi, pl.ds(mi * bm, bm), pl.ds(ni * bn, bn)])
+
+      items_loop(item)
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  g_transforms = () if interp else cp_async.a_transforms(g_cols, itemsize)
+  scratch = [
+      # The gathered ring is (8, swizzle)-tiled for cp.async (untiled in the interpreter, which
+      # checks no layouts); the TMA ring's layout is left to Mosaic GPU's inference.
+      plgpu.SMEM((slots, bk, bm), dtype, transforms=g_transforms if lhs_is_gathered else ()),
+      plgpu.SMEM((slots, bk, bn), dtype, transforms=() if lhs_is_gathered else g_transforms),
+      plgpu.SMEM((bm, bn), out_dtype),
+      cp_async.barrier_scratch(slots, interpret=interp),  # full_g: the gathered rows
+      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # full_t: the TMA operand
+      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # empty: the consumer's release
+  ]
+  kernel = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
+      grid=(_num_sms(config, interp),),
+      grid_names=("sm",),
+      num_threads=2,
+      thread_name="wg",
+      scratch_types=scratch,
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=interpret_params(interpret),
+  )
+  return kernel(_block_meta(plan, bk), gidx, lhs, rhs)
+
+
+def _validate_fused(plain, src, plan: RoutingPlan, config: WgradConfig, names,
+                    gathered: Literal["lhs", "rhs"]) -> None:
+  """Checks of the fused path: ``src`` (T, ·) is the gathered side, ``plain`` (P, ·) the other;
+  ``names`` = (lhs name, rhs name)."""
+  src_name, plain_name = (names if gathered == "lhs" else names[::-1])
+  if getattr(plain, "ndim", None) != 2 or plain.shape[0] != plan.capacity:
+    raise ValueError(f"{plain_name} must have shape (P, ·) with P = {plan.capacity} rows, got "
+                     f"{jnp.shape(plain)}")
+  for name, a in ((src_name, src), (plain_name, plain)):
+    if jnp.dtype(a.dtype) not in _OPERAND_DTYPES:
+      raise ValueError(f"{name} must be bfloat16 or float16, got {a.dtype}")
+  if src.dtype != plain.dtype:
+    raise ValueError(f"{src_name} and {plain_name} must share a dtype, got {src.dtype} and "
+                     f"{plain.dtype}")
+  m, n = ((src.shape[1], plain.shape[1]) if gathered == "lhs"
+          else (plain.shape[1], src.shape[1]))
+  validate_wgrad_shapes(m, n, config, names, gathered=gathered)
+
+
 def dw1(x: jax.Array, dh: jax.Array, plan: RoutingPlan, *, config: WgradConfig | None = None,
         interpret=False, x_gathered: jax.Array | None = None) -> jax.Array:
   """dW1 = Σ_{p in e} x[gather_idx[p]]ᵀ ⊗ dH[p]: x (T, d), dH (P, 2n) -> (E, d, 2n).
 
-  x_gathered: optional (P, d) = x[plan.gather_idx] when the caller already has it.
+  x_gathered: optional (P, d) = x[plan.gather_idx] when the caller already has it; not allowed
+  with ``config.gather == "fused"`` (which reads x's rows in the kernel): ValueError.
   """
   if getattr(x, "ndim", None) != 2 or x.shape[0] != plan.num_tokens:
     raise ValueError(f"x must have shape (T, d) with T = {plan.num_tokens}, got {jnp.shape(x)}")
+  config = config or wgrad_config_for(x.shape[-1], jnp.shape(dh)[-1])
+  if config.gather == "fused":
+    if x_gathered is not None:
+      raise ValueError("x_gathered must be None with WgradConfig(gather='fused'): the kernel "
+                       "gathers the rows of x itself")
+    _validate_fused(dh, x, plan, config, ("x[gather_idx]", "dh"), "lhs")
+    return _grouped_outer_fused(x, dh, plan, config, "lhs", interpret)
   lhs = x[plan.gather_idx] if x_gathered is None else x_gathered
-  config = config or wgrad_config_for(lhs.shape[-1], dh.shape[-1])
   _validate(lhs, dh, plan, config, ("x[gather_idx]", "dh"))
   return grouped_outer(lhs, dh, plan, config=config, interpret=interpret)
 
@@ -200,16 +482,23 @@ def dw2(dout: jax.Array, a_prime: jax.Array, plan: RoutingPlan, *,
         dout_gathered: jax.Array | None = None) -> jax.Array:
   """dW2 = Σ_{p in e} A'[p]ᵀ ⊗ dout[gather_idx[p]]: dout (T, d), A' (P, n) -> (E, n, d).
 
-  dout_gathered: optional (P, d) = dout[plan.gather_idx] when the caller already has it.
+  dout_gathered: optional (P, d) = dout[plan.gather_idx] when the caller already has it; not
+  allowed with ``config.gather == "fused"``: ValueError.
   """
   if getattr(dout, "ndim", None) != 2 or dout.shape[0] != plan.num_tokens:
     raise ValueError(
         f"dout must have shape (T, d) with T = {plan.num_tokens}, got {jnp.shape(dout)}")
+  config = config or wgrad_config_for(jnp.shape(a_prime)[-1], dout.shape[-1])
+  if config.gather == "fused":
+    if dout_gathered is not None:
+      raise ValueError("dout_gathered must be None with WgradConfig(gather='fused'): the kernel "
+                       "gathers the rows of dout itself")
+    _validate_fused(a_prime, dout, plan, config, ("a_prime", "dout[gather_idx]"), "rhs")
+    return _grouped_outer_fused(a_prime, dout, plan, config, "rhs", interpret)
   rhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
-  config = config or wgrad_config_for(a_prime.shape[-1], rhs.shape[-1])
   _validate(a_prime, rhs, plan, config, ("a_prime", "dout[gather_idx]"))
   return grouped_outer(a_prime, rhs, plan, config=config, interpret=interpret)
 
 
-__all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2", "validate_wgrad_shapes",
+__all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2", "smem_bytes", "validate_wgrad_shapes",
            "wgrad_config_for"]
