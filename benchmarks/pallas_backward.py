@@ -33,7 +33,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from sonic_jax.bench.timing import compile_and_time  # noqa: E402
 from sonic_jax.pallas.dh import DhConfig, dh, dh_config_for  # noqa: E402
-from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2, grouped_outer  # noqa: E402
+from sonic_jax.pallas.wgrad import (WgradConfig, dw1, dw2, grouped_outer,  # noqa: E402
+                                    wgrad_config_for)
 from sonic_jax.routing import route_logits  # noqa: E402
 from sonic_jax.xla_backend import XlaKernels, dswiglu  # noqa: E402
 
@@ -249,6 +250,23 @@ def bench(shape, iters, results, only="all"):
     try_(lambda: record(best_wg[0] + " dw1 (+XLA gather)", "dw1",
                         time_ms(f1, a["x"], a["dh"], plan, iters=iters), f_w1_flops))
     try_(lambda: record(best_wg[0] + " dw2 (+XLA gather)", "dw2",
+                        time_ms(f2, a["dout"], a["a_prime"], plan, iters=iters), f_w2_flops))
+
+  # x / dO rows gathered inside the kernel (WgradConfig(gather="fused"), opt-in): raw x / dout
+  # in, so the time includes the gather, against the "(+XLA gather)" rows above.
+  wg_fused = {} if only == "dh" else {
+      "wgrad fused gather (wgrad_config_for)": None,
+      "wgrad fused gather 128x128x64 s4 gbn1": WgradConfig(max_concurrent_steps=4,
+                                                          gather="fused"),
+  }
+  for name, cfg in wg_fused.items():
+    c1 = cfg or wgrad_config_for(d, 2 * n, gather="fused")
+    c2 = cfg or wgrad_config_for(n, d, gather="fused")
+    f1 = jax.jit(lambda x, dh_, plan, c=c1: dw1(x, dh_, plan, config=c, interpret=INTERPRET))
+    f2 = jax.jit(lambda dout, ap, plan, c=c2: dw2(dout, ap, plan, config=c, interpret=INTERPRET))
+    try_(lambda: record(name + " dw1", "dw1", time_ms(f1, a["x"], a["dh"], plan, iters=iters),
+                        f_w1_flops))
+    try_(lambda: record(name + " dw2", "dw2",
                         time_ms(f2, a["dout"], a["a_prime"], plan, iters=iters), f_w2_flops))
 
   # jax's own varlen-K kernel on the same operands, for reference.

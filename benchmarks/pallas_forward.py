@@ -48,7 +48,7 @@ PAPER = {
 PRESETS = {"DeepSeek-V3-like": (16384, 7168, 2048, 256, 8, None),
            "Mixtral-8x7B": (16384, 4096, 14336, 8, 2, None)}
 DEFAULT_CONFIGS = "7B-256,7B-1024,30B-512,120B-2048"
-PARTS = ("up", "down", "combine", "forward", "dx", "variants")
+PARTS = ("up", "down", "combine", "forward", "dx", "variants", "train")
 
 
 def rel(a, b) -> float:
@@ -246,6 +246,39 @@ def run_config(name, shape, args, log):
     record(f"forward[{vname}]", m, 6 * tk * d * n, first_call_s=m.first_call_s,
            vs_paper=tf / paper_tf if paper_tf else float("nan"))
 
+  # Whole layer forward + backward (sonic_jax.moe under jax.vjp, FLOPs 18·TK·d·n) with the
+  # backward's gathers by XLA (the default) or fused into dh / dw1 / dw2; the compiled program's
+  # temporary bytes; gradients checked against the default variant's.
+  ct = jax.random.normal(jax.random.key(6), (t, d), jnp.float32).astype(jnp.bfloat16)
+  train_ref = {}
+
+  def train(kern, vname):
+    import sonic_jax
+
+    def g(x, rw, w1, w2):
+      _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
+      return vjp(ct)
+    m = time_it(g, x, rw, w1, w2)
+    temp = (m.compiled.memory or {}).get("temp_size_in_bytes", float("nan"))
+    errs = {}
+    if train_ref:
+      errs = {f"rel_{nm}": rel(a, b) for nm, a, b in
+              zip(("dx", "drouter", "dw1", "dw2"), m.out, train_ref["grads"])}
+    else:
+      train_ref["grads"] = m.out
+    record(f"train[{vname}]", m, 18 * tk * d * n, temp_gib=temp / 2**30,
+           first_call_s=m.first_call_s, **errs)
+
+  def train_variants():
+    from sonic_jax.pallas.dh import dh_config_for
+    from sonic_jax.pallas.wgrad import wgrad_config_for
+    fw = dict(dw1=wgrad_config_for(d, 2 * n, gather="fused"),
+              dw2=wgrad_config_for(n, d, gather="fused"))
+    return [("default", PallasKernels()),
+            ("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
+            ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
+                dh=dh_config_for(d, n, gather="fused"), **fw)))]
+
   # Most important first: a timeout then loses only the extra variants.
   (hname, hkern), rest_up, rest_down = vars_up[0], vars_up[1:], vars_down[1:]
   parts = set(args.parts.split(","))
@@ -267,6 +300,9 @@ def run_config(name, shape, args, log):
   if args.fused_sweep and "up" in parts:
     for vname, kv in fused_sweep(d, n):
       guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
+  if "train" in parts:
+    for vname, kv in train_variants():
+      guarded(f"train[{vname}]", lambda: train(kv, vname))
   if "variants" in parts:
     for vname, kv in rest_up:
       if not vname.endswith("-gather") and vname != "cross-tile":  # cross-tile: down / dx

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One device call for kernel work (fused gather, Triton selection), logs packed into $OUT/logs.tgz:
+# One device call for kernel work (fused gathers, Triton selection), logs packed into $OUT/logs.tgz
+# (the steps run in this order):
 #   1. the Pallas forward GPU tests (xla and fused gather, against the xla backend);
-#   2. benchmarks/pallas_forward.py: up_proj and the whole forward, XLA gather vs fused gather;
-#   3. the Triton GPU tests (routing kernels and the radix-select kernel);
-#   4. benchmarks/token_rounding_select.py with a config sweep;
-#   (opt-in, PB_TEST_S / PB_BENCH_S > 0) the backward's fused-gather and cross-tile GPU tests and
-#   benchmarks/pallas_backward.py (PB_ARGS, e.g. "--only dh").
+#   2. (opt-in, PB_TEST_S > 0) the backward's fused-gather and cross-tile GPU tests: one process
+#      and PB_TEST_S seconds per ';'-separated PB_TEST_K expression;
+#   3. benchmarks/pallas_forward.py (PF_PARTS: up_proj, the whole forward, ..., "train" = the
+#      layer's forward+backward with XLA-gather vs fused-gather backward kernels);
+#   4. (opt-in, PB_BENCH_S > 0) benchmarks/pallas_backward.py (PB_ARGS, e.g. "--only wgrad");
+#   5. the Triton GPU tests (routing kernels and the radix-select kernel);
+#   6. benchmarks/token_rounding_select.py with a config sweep.
 #   run(command="bash scripts/h200_kernels.sh", carry=[".whl"], timeout_s=600)
 # Knobs: PF_TEST_S, PF_TEST_K, PF_BENCH_S, PF_CONFIGS, PF_PARTS, PF_ARGS, PB_TEST_S, PB_TEST_K,
 # PB_BENCH_S, PB_ARGS, TRITON_TEST_S, SELECT_S, SELECT_CONFIGS.
@@ -32,19 +35,24 @@ if [ "${PF_TEST_S:-150}" -gt 0 ]; then
     | tee "$LOGS/pallas-forward-gpu-tests.log" | tail -n 15
   pack
 fi
+if [ "${PB_TEST_S:-0}" -gt 0 ]; then
+  # One pytest process per ';'-separated -k expression, each under its own timeout, so a kernel
+  # that hangs or faults (it poisons the CUDA context) costs only its own step.
+  IFS=';' read -ra PB_KS <<< "${PB_TEST_K:-wgrad_fused;dh_fused;cross_tile}"
+  for kexpr in "${PB_KS[@]}"; do
+    echo "== [$(since) s] Pallas backward GPU tests -k '$kexpr'"
+    timeout "${PB_TEST_S}" $PY -m pytest -m gpu -q -p no:cacheprovider \
+      tests/test_pallas_backward.py tests/test_pallas_forward.py -k "$kexpr" 2>&1 \
+      | tee -a "$LOGS/pallas-backward-gpu-tests.log" | tail -n 8
+    pack
+  done
+fi
 if [ "${PF_BENCH_S:-200}" -gt 0 ]; then
   echo "== [$(since) s] pallas_forward.py (${PF_PARTS:-up,forward})"
   mkdir -p "$LOGS/pf"
   timeout "${PF_BENCH_S:-200}" $PY benchmarks/pallas_forward.py --out-dir "$LOGS/pf" \
     --configs "${PF_CONFIGS:-7B-1024,30B-512,7B-256,120B-1024}" --parts "${PF_PARTS:-up,forward}" ${PF_ARGS:-} \
     2>&1 | tail -n 40
-  pack
-fi
-if [ "${PB_TEST_S:-0}" -gt 0 ]; then
-  echo "== [$(since) s] Pallas backward GPU tests (${PB_TEST_K:-fused or cross_tile})"
-  timeout "${PB_TEST_S}" $PY -m pytest -m gpu -q -p no:cacheprovider \
-    tests/test_pallas_backward.py tests/test_pallas_wgrad_fused.py tests/test_pallas_forward.py \
-    -k "${PB_TEST_K:-fused or cross_tile}" 2>&1 | tee "$LOGS/pallas-backward-gpu-tests.log" | tail -n 15
   pack
 fi
 if [ "${PB_BENCH_S:-0}" -gt 0 ]; then
