@@ -255,13 +255,17 @@ def bench(shape, iters, results, only="all"):
   # x / dO rows gathered inside the kernel (WgradConfig(gather="fused"), opt-in): raw x / dout
   # in, so the time includes the gather, against the "(+XLA gather)" rows above.
   wg_fused = {} if only == "dh" else {
-      "wgrad fused gather (wgrad_config_for)": None,
-      "wgrad fused gather 128x128x64 s4 gbn1": WgradConfig(max_concurrent_steps=4,
-                                                          gather="fused"),
+      "wgrad fused gather (wgrad_config_for)": (wgrad_config_for(d, 2 * n, gather="fused"),
+                                                wgrad_config_for(n, d, gather="fused")),
+      "wgrad fused gather 2wg 128x256 / 256x128 s3": (
+          WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
+                      gather="fused", num_compute_wgs=2),
+          WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
+                      gather="fused", num_compute_wgs=2)),
+      "wgrad fused gather 128x128x64 s4 gbn1": (WgradConfig(max_concurrent_steps=4,
+                                                            gather="fused"),) * 2,
   }
-  for name, cfg in wg_fused.items():
-    c1 = cfg or wgrad_config_for(d, 2 * n, gather="fused")
-    c2 = cfg or wgrad_config_for(n, d, gather="fused")
+  for name, (c1, c2) in wg_fused.items():
     f1 = jax.jit(lambda x, dh_, plan, c=c1: dw1(x, dh_, plan, config=c, interpret=INTERPRET))
     f2 = jax.jit(lambda dout, ap, plan, c=c2: dw2(dout, ap, plan, config=c, interpret=INTERPRET))
     try_(lambda: record(name + " dw1", "dw1", time_ms(f1, a["x"], a["dh"], plan, iters=iters),

@@ -271,13 +271,20 @@ def run_config(name, shape, args, log):
 
   def train_variants():
     from sonic_jax.pallas.dh import dh_config_for
-    from sonic_jax.pallas.wgrad import wgrad_config_for
+    from sonic_jax.pallas.wgrad import WgradConfig, wgrad_config_for
     fw = dict(dw1=wgrad_config_for(d, 2 * n, gather="fused"),
               dw2=wgrad_config_for(n, d, gather="fused"))
-    return [("default", PallasKernels()),
-            ("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
-            ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
-                dh=dh_config_for(d, n, gather="fused"), **fw)))]
+    out = [("default", PallasKernels()),
+           ("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
+           ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
+               dh=dh_config_for(d, n, gather="fused"), **fw)))]
+    if (2 * n) % 256 == 0 and d % 256 == 0:  # two consumer warpgroups (WgradConfig docs)
+      fw2 = dict(dw1=WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
+                                 gather="fused", num_compute_wgs=2),
+                 dw2=WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
+                                 gather="fused", num_compute_wgs=2))
+      out.append(("fused-wgrad-2wg", PallasKernels(config=cfgs.ForwardConfig(**fw2))))
+    return out
 
   # Most important first: a timeout then loses only the extra variants.
   (hname, hkern), rest_up, rest_down = vars_up[0], vars_up[1:], vars_down[1:]

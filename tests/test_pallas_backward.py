@@ -299,6 +299,15 @@ def test_wgrad_fused_gather_validation():
     WgradConfig(max_concurrent_steps=1, gather="fused")
   with pytest.raises(ValueError, match="WgradConfig.block_k must be a multiple of 64"):
     WgradConfig(block_k=32)
+  with pytest.raises(ValueError, match="WgradConfig.num_compute_wgs must be 1 or 2"):
+    WgradConfig(num_compute_wgs=3, gather="fused")
+  with pytest.raises(ValueError, match="num_compute_wgs = 2 needs gather='fused'"):
+    WgradConfig(num_compute_wgs=2)
+  two = WgradConfig(block_m=64, block_n=64, max_concurrent_steps=2, gather="fused",
+                    num_compute_wgs=2)
+  with pytest.raises(ValueError, match=r"WgradConfig.block_n \(64\) must be a multiple of 128 "
+                                       r"with num_compute_wgs = 2"):
+    dw1(a["x"], a["dh"], plan, config=two, interpret=True)
   with pytest.raises(ValueError, match="x_gathered must be None"):
     dw1(a["x"], a["dh"], plan, config=WG_FUSED_CFG, interpret=True,
         x_gathered=a["x"][plan.gather_idx])
@@ -337,24 +346,47 @@ def test_wgrad_config_for_fused_gather():
   assert wgrad_config_for(4096, 2048, gather="fused").max_concurrent_steps == 5
 
 
-@pytest.mark.parametrize("cfg", [
-    WgradConfig(max_concurrent_steps=5, grid_block_n=4, gather="fused", num_sms=132),
-    WgradConfig(block_m=64, block_n=64, max_concurrent_steps=3, gather="fused", num_sms=132),
-    WgradConfig(block_k=128, max_concurrent_steps=2, out_dtype="float32", gather="fused",
-                num_sms=132),
-], ids=["128x128x64", "64x64x64", "128x128x128-f32"])
-def test_wgrad_fused_gather_lowers_to_mosaic_gpu(cfg):
+_WG2_DW1 = WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, gather="fused",
+                       num_compute_wgs=2, num_sms=132)
+_WG2_DW2 = WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, gather="fused",
+                       num_compute_wgs=2, num_sms=132)
+
+
+@pytest.mark.parametrize("cfg1,cfg2", [
+    (WgradConfig(max_concurrent_steps=5, grid_block_n=4, gather="fused", num_sms=132),) * 2,
+    (WgradConfig(block_m=64, block_n=64, max_concurrent_steps=3, gather="fused",
+                 num_sms=132),) * 2,
+    (WgradConfig(block_k=128, max_concurrent_steps=2, out_dtype="float32", gather="fused",
+                 num_sms=132),) * 2,
+    (_WG2_DW1, _WG2_DW2),
+], ids=["128x128x64", "64x64x64", "128x128x128-f32", "2wg"])
+def test_wgrad_fused_gather_lowers_to_mosaic_gpu(cfg1, cfg2):
   """Lowers the fused-gather dw1 and dw2 for CUDA on the CPU host: layout inference of the
   transposed-lhs wgmma on a cp.async-filled tiled ring (dw1), the gathered rhs (dw2), the
-  boundary masks, and the inline cp.async / mbarrier code."""
+  boundary masks, two consumer warpgroups, and the inline cp.async (zero-filling) / mbarrier
+  code."""
   a = _inputs("straddle_e5", d=256, n=128)
   plan = a["plan"]
-  f = lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=cfg), dw2(dout, ap, plan, config=cfg))
+  f = lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=cfg1), dw2(dout, ap, plan, config=cfg2))
   text = jax.jit(f).trace(a["x"], a["dout"], a["dh"], a["dh"]).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
   for op in ("cp.async.shared.global", "cp.async.mbarrier.arrive", "mbarrier.try_wait.parity"):
     assert op in text, op
+
+
+def test_wgrad_fused_gather_two_consumers():
+  """num_compute_wgs=2: the consumers split the plain operand's columns (dH's for dW1, A''s for
+  dW2) and share the gathered tile."""
+  a = _inputs("straddle_e5", d=256, n=128)
+  plan = a["plan"]
+  c1 = dataclasses.replace(_WG2_DW1, block_m=64, block_n=128, num_sms=None)
+  c2 = dataclasses.replace(_WG2_DW2, block_m=128, block_n=64, num_sms=None)
+  f = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1, interpret=True),
+                                        dw2(dout, ap, plan, config=c2, interpret=True)))
+  g1, g2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
+  _assert_wgrad_matches(g1, g2, plan, XLA.dw1(a["x"], a["dh"], plan),
+                        XLA.dw2(a["dout"], a["a_prime"], plan))
 
 
 def test_wgrad_float32_output():

@@ -99,15 +99,22 @@ def init_barriers(bars, slots: int, *, interpret: bool) -> None:
 
 
 def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: int, block_k: int,
-                 interpret: bool) -> None:
+                 interpret: bool, valid=None) -> None:
   """Starts the copy of ``block_m`` gathered rows into ``a_ring[slot]`` (block_m, block_k); the
   slot's mbarrier completes when they have landed.
 
   gidx_ref: (M,) int32 GMEM; lhs_ref: (T, k) GMEM; slot, row0, k0: int32 scalars.
+  valid: optional (lo, hi) int32 scalars: tile rows r with row0 + r outside [lo, hi) are
+  zero-filled instead of copied (cp.async with a source size of 0), so a reduction over the
+  tile's rows never sees rows of another group.
   """
   if interpret:
     for r in range(block_m):
-      a_ring[slot, r, :] = lhs_ref[gidx_ref[row0 + r], pl.ds(k0, block_k)]
+      v = lhs_ref[gidx_ref[row0 + r], pl.ds(k0, block_k)]
+      if valid is not None:
+        keep = (row0 + r >= valid[0]) & (row0 + r < valid[1])
+        v = jnp.where(keep, v, jnp.zeros_like(v))
+      a_ring[slot, r, :] = v
     plgpu.barrier_arrive(bars.at[slot])
     return
   itemsize = jnp.dtype(lhs_ref.dtype).itemsize
@@ -124,11 +131,12 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
   slot_bytes = block_m * block_k * itemsize
   elems_per_chunk = CHUNK_BYTES // itemsize
   layout = plgpu.Layout.WG_SPLAT
+  n_valid = 0 if valid is None else 2
 
   @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType(),
                                 plgpu.RefType(a_transforms(block_k, itemsize)), plgpu.RefType(),
-                                layout, layout, layout))
-  def _issue(_, gidx, lhs, ring, bars_ref, slot_v, row0_v, k0_v):
+                                *([layout] * (3 + n_valid))))
+  def _issue(_, gidx, lhs, ring, bars_ref, slot_v, row0_v, k0_v, *valid_v):
     ir, arith, _, llvm, memref, nvvm, mgpu_utils = _mlir()
     i8 = ir.IntegerType.get_signless(8)
     i32 = ir.IntegerType.get_signless(32)
@@ -136,6 +144,7 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
     index = ir.IndexType.get()
     c32 = lambda v: mgpu_utils.c(v, i32)
     slot_i, row0_i, k0_i = (v.registers.item() for v in (slot_v, row0_v, k0_v))
+    lo_i, hi_i = (v.registers.item() for v in valid_v) if valid_v else (None, None)
     tid = arith.remui(mgpu_utils.thread_idx(), c32(WARPGROUP))
     chunk_in_row = arith.remui(tid, c32(chunks_per_row))
     col_tile = arith.divui(chunk_in_row, c32(chunks_per_swz))
@@ -166,10 +175,17 @@ def issue_gather(gidx_ref, lhs_ref, a_ring, bars, *, slot, row0, k0, block_m: in
           arith.addi(slot_off, arith.addi(arith.muli(tile, c32(8 * sw)), arith.muli(r8, c32(sw)))),
           arith.shli(arith.xori(chunk, swz), c32(4)))
       s_ptr = mgpu_utils.getelementptr(smem, [s_off], i8)
-      nvvm.cp_async_shared_global(s_ptr, g_ptr, CHUNK_BYTES, nvvm.LoadCacheModifierKind.CG)
+      cp_size = None
+      if lo_i is not None:  # source size 0 outside [lo, hi): the chunk is zero-filled
+        g_row = arith.addi(row0_i, r)
+        inside = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, g_row, lo_i),
+                            arith.cmpi(arith.CmpIPredicate.slt, g_row, hi_i))
+        cp_size = arith.select(inside, c32(CHUNK_BYTES), c32(0))
+      nvvm.cp_async_shared_global(s_ptr, g_ptr, CHUNK_BYTES, nvvm.LoadCacheModifierKind.CG,
+                                  cp_size=cp_size)
     nvvm.cp_async_mbarrier_arrive(_barrier_ptr(bars_ref, slot_i), noinc=True)
 
-  _issue(gidx_ref, lhs_ref, a_ring, bars, slot, row0, k0)
+  _issue(gidx_ref, lhs_ref, a_ring, bars, slot, row0, k0, *(() if valid is None else valid))
 
 
 def wait_gathered(bars, *, slot, parity, interpret: bool) -> None:

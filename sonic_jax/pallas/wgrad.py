@@ -52,7 +52,9 @@ class WgradConfig:
   "fused" (cp.async inside the kernel; a producer warpgroup + one consumer warpgroup, the ring
   of max_concurrent_steps (>= 2) stages running across output tiles; ``smem_bytes``). The
   gathered tile is (block_k rows, block_m or block_n columns): its width in bytes must be 32, 64
-  or a multiple of 128 dividing 2048.
+  or a multiple of 128 dividing 2048. num_compute_wgs (fused only): 1 or 2 consumer warpgroups;
+  with 2 they split the plain (TMA) operand's columns of the tile (block_n for dW1, block_m for
+  dW2), each half a multiple of 64, and share the gathered tile.
   """
 
   block_m: int = 128
@@ -63,6 +65,7 @@ class WgradConfig:
   out_dtype: str | None = None
   num_sms: int | None = None
   gather: Literal["xla", "fused"] = "xla"
+  num_compute_wgs: int = 1
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n"):
@@ -79,6 +82,11 @@ class WgradConfig:
       raise ValueError(f"WgradConfig.out_dtype must be None or 'float32', got {self.out_dtype!r}")
     if self.gather not in ("xla", "fused"):
       raise ValueError(f"WgradConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
+    if self.num_compute_wgs not in (1, 2):
+      raise ValueError(f"WgradConfig.num_compute_wgs must be 1 or 2, got {self.num_compute_wgs}")
+    if self.num_compute_wgs == 2 and self.gather != "fused":
+      raise ValueError("WgradConfig.num_compute_wgs = 2 needs gather='fused' (the warp-specialized "
+                       "kernel)")
     if self.gather == "fused":
       if self.max_concurrent_steps < 2:
         raise ValueError(f"WgradConfig.max_concurrent_steps must be >= 2 with gather='fused' "
@@ -156,6 +164,13 @@ def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rh
           f"WgradConfig.{field} ({cols}) with gather='fused' must make the gathered tile row "
           f"(the {ln if gathered == 'lhs' else rn} side, {row} bytes) 32, 64 or a multiple of "
           f"128 bytes dividing {cp_async.WARPGROUP * cp_async.CHUNK_BYTES}")
+  if config.num_compute_wgs == 2 and gathered is not None:
+    field, cols = (("block_n", config.block_n) if gathered == "lhs"
+                   else ("block_m", config.block_m))
+    if cols % 128:
+      raise ValueError(f"WgradConfig.{field} ({cols}) must be a multiple of 128 with "
+                       f"num_compute_wgs = 2 (the two consumer warpgroups split it in halves "
+                       f"of a multiple of 64)")
   if smem_bytes(config) > SMEM_LIMIT:
     raise ValueError(f"WgradConfig {config} needs {smem_bytes(config)} bytes of SMEM, more "
                      f"than {SMEM_LIMIT}: lower max_concurrent_steps, block_k, block_m or "
@@ -275,31 +290,33 @@ def _mask_rows(ref, row0, start, end, rows: int, cols: int) -> None:
 
 
 _PRODUCER_REGS = 40  # the TMA + cp.async producer warpgroup
-_CONSUMER_REGS = 232  # the masking select needs a K block in registers next to the accumulator
+_CONSUMER_REGS = 232  # (65536 - 128·40) / 256 with two consumers; the mask holds a K block too
 
 
 def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, config: WgradConfig,
                          gathered: Literal["lhs", "rhs"], interpret) -> jax.Array:
   """grouped_outer with one operand's rows gathered in the kernel: the ``gathered`` side is the
-  (T, ·) source read at plan.gather_idx, the other side is (P, ·) in grouped order.
+  (T, ·) source read at plan.gather_idx, the other (plain) side is (P, ·) in grouped order.
 
-  Warp-specialized: warpgroup 1 (producer) walks its CTA's (expert, M tile, N tile) work items
-  and, for each, the expert's K blocks, filling a ``max_concurrent_steps``-deep ring: the plain
-  operand by TMA (``full_t``), the gathered rows src[gather_idx[row0 : row0 + block_k],
-  c0 : c0 + cols] by cp.async (``full_g``, cp_async.py). Warpgroup 0 (consumer) waits for both,
-  masks the expert's first and last K block (rows of a neighbour or of padding), runs the wgmma
-  (lhs transposed from SMEM), releases each stage on ``empty`` one step late (after
-  ``wgmma_wait(1)``), and stores the tile through SMEM by TMA. Global step g of a CTA uses slot
-  g % slots for the (g // slots)-th time, which gives ``full_g``'s phase parity; both
-  warpgroups derive g from the same per-expert block counts. The ring does not restart per
-  tile, so the next tile's loads overlap this tile's store. Empty experts issue no step and
-  store a zero tile.
+  Warp-specialized: the last warpgroup (producer) walks its CTA's (expert, M tile, N tile) work
+  items and, for each, the expert's K blocks, filling a ``max_concurrent_steps``-deep ring: the
+  plain operand by TMA (one copy per consumer half, ``full_t``), the gathered rows
+  src[gather_idx[row0 : row0 + block_k], c0 : c0 + cols] by cp.async (``full_g``, cp_async.py),
+  rows outside the expert zero-filled by the copy itself. The consumer warpgroup(s) wait for
+  both, zero their slice of the plain operand's rows outside the expert in the first and last K
+  block (a select: padding rows may hold NaN), run the wgmma (lhs transposed from SMEM), release
+  each stage on ``empty`` one step late (after ``wgmma_wait(1)``), and store their part of the
+  tile through SMEM by TMA. Global step g of a CTA uses slot g % slots for the (g // slots)-th
+  time, which gives ``full_g``'s phase parity; all warpgroups derive g from the same per-expert
+  block counts. The ring does not restart per tile, so the next tile's loads overlap this
+  tile's store. Empty experts issue no step and store a zero tile.
   """
   p_rows = plan.capacity
   m = lhs.shape[1]
   n = rhs.shape[1]
   g_experts = plan.num_experts
   bm, bn, bk = config.block_m, config.block_n, config.block_k
+  wgs = config.num_compute_wgs
   slots = config.max_concurrent_steps
   dtype = lhs.dtype
   itemsize = jnp.dtype(dtype).itemsize
@@ -307,17 +324,19 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
   interp = bool(interpret)
   grid_m, grid_n = m // bm, n // bn
   # K blocks start at multiples of bk and may run past P (the last one): pad the gather index
-  # with token 0, a valid row that the masking zeroes.
+  # with token 0 (a valid row, zero-filled by the copy since it lies outside every expert).
   blocks = -(-p_rows // bk) + 1
   gidx = jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows))
   lhs_is_gathered = gathered == "lhs"
   g_cols = bm if lhs_is_gathered else bn
+  # Each consumer takes 1/wgs of the plain operand's columns: (bk, t_cols) per copy.
+  t_cols = (bn if lhs_is_gathered else bm) // wgs
+  acc_shape = (bm, t_cols) if lhs_is_gathered else (t_cols, bn)
 
-  def body(meta_gmem, gidx_gmem, lhs_gmem, rhs_gmem, o_gmem, lhs_ring, rhs_ring, o_smem,
-           full_g, full_t, empty):
+  def body(meta_gmem, gidx_gmem, lhs_gmem, rhs_gmem, o_gmem, g_ring, t_ring, o_smem, full_g,
+           full_t, empty):
     wg = lax.axis_index("wg")
     cp_async.init_barriers(full_g, slots, interpret=interp)
-    g_ring, t_ring = (lhs_ring, rhs_ring) if lhs_is_gathered else (rhs_ring, lhs_ring)
 
     def items_loop(item_body):
       @plgpu.nd_loop((g_experts, grid_m * grid_n), collective_axes="sm",
@@ -330,11 +349,12 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
         return carry + nblocks  # global K step of this CTA: the ring position
       return _loop
 
-    @pl.when(wg == 1)
+    @pl.when(wg == wgs)
     def _producer():
       plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
 
       def item(gi, mi, ni, nblocks, g0):
+        start, end = meta_gmem[0, gi], meta_gmem[1, gi]
         block_start = meta_gmem[2, gi]
 
         @pl.loop(0, nblocks)
@@ -346,26 +366,27 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
           @pl.when(g >= slots)
           def _():
             plgpu.barrier_wait(empty.at[slot])
-          if lhs_is_gathered:
-            t_src = rhs_gmem.at[pl.ds(row0, bk), pl.ds(ni * bn, bn)]
-            g_src, c0 = lhs_gmem, mi * bm
-          else:
-            t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm, bm)]
-            g_src, c0 = rhs_gmem, ni * bn
-          plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot], full_t.at[slot])
+          for c in range(wgs):
+            if lhs_is_gathered:
+              t_src = rhs_gmem.at[pl.ds(row0, bk), pl.ds(ni * bn + c * t_cols, t_cols)]
+            else:
+              t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm + c * t_cols, t_cols)]
+            plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot, c], full_t.at[slot])
+          g_src, c0 = (lhs_gmem, mi * bm) if lhs_is_gathered else (rhs_gmem, ni * bn)
           cp_async.issue_gather(gidx_gmem, g_src, g_ring, full_g, slot=slot, row0=row0, k0=c0,
-                                block_m=bk, block_k=g_cols, interpret=interp)
+                                block_m=bk, block_k=g_cols, interpret=interp,
+                                valid=(start, end))
 
       total = items_loop(item)
 
-      # Observe the consumer's releases of the last stages too, so every barrier phase has been
+      # Observe the consumers' releases of the last stages too, so every barrier phase has been
       # awaited when the barriers are freed (the interpreter checks this).
       @pl.loop(jnp.maximum(total - slots, 0), total)
       def _released(g):
         plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
 
-    @pl.when(wg == 0)
-    def _consumer():
+    @pl.when(wg < wgs)
+    def _consumers():
       plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
 
       def item(gi, mi, ni, nblocks, g0):
@@ -380,15 +401,17 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
             plgpu.barrier_wait(full_t.at[slot])
             cp_async.wait_gathered(full_g, slot=slot, parity=lax.rem(g // slots, 2),
                                    interpret=interp)
+            t_tile = t_ring.at[slot, wg]
 
             @pl.when((k == 0) | (k == nblocks - 1))
             def _():
-              row0 = block_start + k * bk
-              _mask_rows(lhs_ring.at[slot], row0, start, end, bk, bm)
-              _mask_rows(rhs_ring.at[slot], row0, start, end, bk, bn)
+              _mask_rows(t_tile, block_start + k * bk, start, end, bk, t_cols)
               plgpu.commit_smem()
 
-            plgpu.wgmma(acc_ref, lhs_ring.at[slot].T, rhs_ring.at[slot])
+            if lhs_is_gathered:
+              plgpu.wgmma(acc_ref, g_ring.at[slot].T, t_tile)
+            else:
+              plgpu.wgmma(acc_ref, t_tile.T, g_ring.at[slot])
             plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
 
             @pl.when(k > 0)
@@ -401,33 +424,37 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
             plgpu.barrier_arrive(empty.at[lax.rem(g0 + nblocks - 1, slots)])
           return acc
 
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
+        acc = pl.run_scoped(acc_scope, plgpu.ACC(acc_shape))
         # An empty expert runs no step: its accumulator keeps its zero initialization.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's store read o_smem
-        o_smem[...] = acc.astype(out_dtype)
+        o_smem.at[wg][...] = acc.astype(out_dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[gi, pl.ds(mi * bm, bm), pl.ds(ni * bn, bn)])
+        if lhs_is_gathered:
+          dst = o_gmem.at[gi, pl.ds(mi * bm, bm), pl.ds(ni * bn + wg * t_cols, t_cols)]
+        else:
+          dst = o_gmem.at[gi, pl.ds(mi * bm + wg * t_cols, t_cols), pl.ds(ni * bn, bn)]
+        plgpu.copy_smem_to_gmem(o_smem.at[wg], dst)
 
       items_loop(item)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  g_transforms = () if interp else cp_async.a_transforms(g_cols, itemsize)
   scratch = [
       # The gathered ring is (8, swizzle)-tiled for cp.async (untiled in the interpreter, which
       # checks no layouts); the TMA ring's layout is left to Mosaic GPU's inference.
-      plgpu.SMEM((slots, bk, bm), dtype, transforms=g_transforms if lhs_is_gathered else ()),
-      plgpu.SMEM((slots, bk, bn), dtype, transforms=() if lhs_is_gathered else g_transforms),
-      plgpu.SMEM((bm, bn), out_dtype),
+      plgpu.SMEM((slots, bk, g_cols), dtype,
+                 transforms=() if interp else cp_async.a_transforms(g_cols, itemsize)),
+      plgpu.SMEM((slots, wgs, bk, t_cols), dtype),
+      plgpu.SMEM((wgs, *acc_shape), out_dtype),
       cp_async.barrier_scratch(slots, interpret=interp),  # full_g: the gathered rows
-      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # full_t: the TMA operand
-      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # empty: the consumer's release
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # full_t: one TMA per consumer
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
   ]
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
       grid=(_num_sms(config, interp),),
       grid_names=("sm",),
-      num_threads=2,
+      num_threads=wgs + 1,
       thread_name="wg",
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
