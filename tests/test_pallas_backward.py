@@ -618,15 +618,20 @@ def test_gpu_dw1_dw2_match_xla():
 
 
 @pytest.mark.gpu
-def test_gpu_wgrad_fused_gather_matches_default():
-  """WgradConfig(gather="fused") (the heuristic's tiles and ring) against the XLA-gather kernel
-  and the xla backend at a realistic size; same tiles and K order, so it matches the default to
-  fp32 rounding; deterministic."""
+@pytest.mark.parametrize("wgs", [1, 2])
+def test_gpu_wgrad_fused_gather_matches_default(wgs):
+  """WgradConfig(gather="fused") (1: the heuristic's tiles and ring; 2: two consumer warpgroups
+  on 128x256 / 256x128 tiles) against the XLA-gather kernel and the xla backend at a realistic
+  size; same K order, so it matches the default to fp32 rounding; deterministic."""
   a = _gpu_inputs()
   plan = a["plan"]
   d, n = a["x"].shape[1], a["a_prime"].shape[1]
-  c1 = wgrad_config_for(d, 2 * n, gather="fused")
-  c2 = wgrad_config_for(n, d, gather="fused")
+  if wgs == 1:
+    c1 = wgrad_config_for(d, 2 * n, gather="fused")
+    c2 = wgrad_config_for(n, d, gather="fused")
+  else:
+    c1 = dataclasses.replace(_WG2_DW1, num_sms=None)
+    c2 = dataclasses.replace(_WG2_DW2, num_sms=None)
   fused = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1),
                                             dw2(dout, ap, plan, config=c2)))
   base = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan), dw2(dout, ap, plan)))
