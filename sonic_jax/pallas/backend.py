@@ -32,22 +32,40 @@ def unavailable_reason(interpret: bool = False) -> str | None:
 class PallasKernels(ExpertKernels):
   """Mosaic GPU grouped GEMMs; ``interpret=True`` runs them in the GPU interpreter on a CPU.
 
-  config: optional ``configs.ForwardConfig`` overriding the per-shape heuristic of the forward
-  kernels (e.g. ``GemmConfig(gather="fused")`` for the in-kernel gather of up_proj).
+  config: optional ``configs.ForwardConfig`` overriding the per-shape heuristics of the kernels
+  (e.g. ``GemmConfig(gather="fused")`` for up_proj, ``DhConfig`` / ``WgradConfig`` for the
+  backward); its entries win over ``backward_gathers``.
+  backward_gathers: where dh, dW1 and dW2 gather their dO / x rows: "fused" (in the kernels: no
+  (T·K, d) gathered copy, the least memory), "xla" (XLA gathers before the kernels, dO's shared
+  by dh and dW2) or "auto" (default): "fused" where it was measured faster on an H200 — n <= 512
+  with n % 256 == 0 and d % 128 == 0 (the two-consumer dW tiling) — else "xla"
+  (benchmarks/results/pallas-backward-gathers-h200-2026-12-03-s5.md: 30B-256 20.65 vs 22.95 ms and
+  6.54 vs 10.30 GiB; 120B-1024 35.87 vs 34.12 ms and 4.77 vs 6.76 GiB).
   """
 
   name = "pallas"
 
-  def __init__(self, interpret: bool = False, config: cfg_lib.ForwardConfig | None = None):
+  def __init__(self, interpret: bool = False, config: cfg_lib.ForwardConfig | None = None,
+               backward_gathers: str = "auto"):
+    if backward_gathers not in ("auto", "xla", "fused"):
+      raise ValueError(f"backward_gathers must be 'auto', 'xla' or 'fused', got "
+                       f"{backward_gathers!r}")
     self.interpret = interpret
     self.config = config or cfg_lib.ForwardConfig()
+    self.backward_gathers = backward_gathers
 
   def __hash__(self):
-    return hash((type(self), self.interpret, self.config))
+    return hash((type(self), self.interpret, self.config, self.backward_gathers))
 
   def __eq__(self, other):
     return (type(other) is type(self) and other.interpret == self.interpret
-            and other.config == self.config)
+            and other.config == self.config and other.backward_gathers == self.backward_gathers)
+
+  def _bwd_gather(self, d: int, n: int) -> str:
+    """The backward's gather mode for shape (d, n) (see ``backward_gathers``)."""
+    if self.backward_gathers != "auto":
+      return self.backward_gathers
+    return "fused" if n <= 512 and n % 256 == 0 and d % 128 == 0 else "xla"
 
   # ------------------------------------------------------------------------------- configs
   def _up_config(self, d, n):
@@ -66,15 +84,17 @@ class PallasKernels(ExpertKernels):
   # pick themselves); validate() checks exactly the configs the entry points below run.
   def _dh_config(self, d, n):
     from sonic_jax.pallas.dh import dh_config_for
-    return self.config.dh or dh_config_for(d, n)
+    return self.config.dh or dh_config_for(d, n, gather=self._bwd_gather(d, n))
 
   def _dw1_config(self, d, two_n):
     from sonic_jax.pallas.wgrad import wgrad_config_for
-    return self.config.dw1 or wgrad_config_for(d, two_n)
+    return self.config.dw1 or wgrad_config_for(d, two_n, gather=self._bwd_gather(d, two_n // 2),
+                                               gathered="lhs")
 
   def _dw2_config(self, n, d):
     from sonic_jax.pallas.wgrad import wgrad_config_for
-    return self.config.dw2 or wgrad_config_for(n, d)
+    return self.config.dw2 or wgrad_config_for(n, d, gather=self._bwd_gather(d, n),
+                                               gathered="rhs")
 
   def validate(self, x, plan, w1, w2, *, backward: bool = True) -> None:
     """Raises ValueError (naming the argument and the rule) for shapes these kernels cannot tile.

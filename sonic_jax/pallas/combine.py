@@ -146,7 +146,7 @@ def _build_kernel(*, t_pad, d, k_top, dtype, out_dtype, weighted, config: Combin
   elif interpret:
     num_sms = 2
   else:
-    num_sms = jax.devices()[0].core_count
+    num_sms = getattr(jax.devices()[0], "core_count", None) or 132
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((t_pad, d), out_dtype), grid=(num_sms,),
       grid_names=("sm",), scratch_types=scratch,
