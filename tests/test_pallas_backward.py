@@ -653,8 +653,9 @@ def test_backward_gathers_modes_pick_the_fused_configs():
   from sonic_jax.pallas.backend import PallasKernels
   from sonic_jax.pallas.configs import ForwardConfig
   auto = PallasKernels()
-  for d, n, mode in ((4096, 256, "fused"), (1536, 512, "fused"), (4096, 1024, "xla"),
-                     (768, 128, "xla"), (4096, 2048, "xla")):
+  for d, n, mode in ((4096, 256, "fused"), (768, 256, "fused"), (4096, 512, "fused"),
+                     (1536, 512, "xla"), (4096, 1024, "xla"), (768, 128, "xla"),
+                     (4096, 2048, "xla")):
     assert auto._bwd_gather(d, n) == mode, (d, n)
     assert auto._dh_config(d, n).gather == mode
     assert auto._dw1_config(d, 2 * n).gather == mode

@@ -37,10 +37,14 @@ class PallasKernels(ExpertKernels):
   backward); its entries win over ``backward_gathers``.
   backward_gathers: where dh, dW1 and dW2 gather their dO / x rows: "fused" (in the kernels: no
   (T·K, d) gathered copy, the least memory), "xla" (XLA gathers before the kernels, dO's shared
-  by dh and dW2) or "auto" (default): "fused" where it was measured faster on an H200 — n <= 512
-  with n % 256 == 0 and d % 128 == 0 (the two-consumer dW tiling) — else "xla"
-  (benchmarks/results/pallas-backward-gathers-h200-2026-12-03-s5.md: 30B-256 20.65 vs 22.95 ms and
-  6.54 vs 10.30 GiB; 120B-1024 35.87 vs 34.12 ms and 4.77 vs 6.76 GiB).
+  by dh and dW2) or "auto" (default): "fused" where the layer's forward+backward measured faster
+  (or within 2 %, for much less memory) on an H200 — n = 256, or n = 512 with d >= 4096; always
+  with n % 256 == 0 and d % 128 == 0 (the two-consumer dW tiling) — else "xla". Measured
+  (benchmarks/results/pallas-backward-gathers-h200-2026-12-03-s5.md and
+  raw/bench-h200-2026-12-03-pallas-s5.md), fused vs XLA gathers: 30B-256 20.61 vs 22.95 ms,
+  6.54 vs 10.30 GiB; 120B-512 37.37 vs 38.35 ms; 30B-512 18.82 vs 18.52 ms, 4.52 vs 6.27 GiB;
+  7B-512 3.22 vs 3.03 ms and 1.4B-512 3.01 vs 2.86 ms (so "xla" there); 120B-1024 35.87 vs
+  34.12 ms, 4.77 vs 6.76 GiB.
   """
 
   name = "pallas"
@@ -65,7 +69,8 @@ class PallasKernels(ExpertKernels):
     """The backward's gather mode for shape (d, n) (see ``backward_gathers``)."""
     if self.backward_gathers != "auto":
       return self.backward_gathers
-    return "fused" if n <= 512 and n % 256 == 0 and d % 128 == 0 else "xla"
+    tiles = n % 256 == 0 and d % 128 == 0
+    return "fused" if tiles and (n <= 256 or (n <= 512 and d >= 4096)) else "xla"
 
   # ------------------------------------------------------------------------------- configs
   def _up_config(self, d, n):
