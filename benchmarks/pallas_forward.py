@@ -259,14 +259,18 @@ def run_config(name, shape, args, log):
       _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
       return vjp(ct)
     m = time_it(g, x, rw, w1, w2)
-    temp = (m.compiled.memory or {}).get("temp_size_in_bytes", float("nan"))
+    mem = m.compiled.memory or {}
+    temp = mem.get("temp_size_in_bytes", float("nan"))
+    # Above weights and inputs, as the layer benchmark and SonicMoE report it: temporaries plus
+    # the gradients written (dx, drouter, dW1, dW2).
+    extra = temp + mem.get("output_size_in_bytes", float("nan"))
     errs = {}
     if train_ref:
       errs = {f"rel_{nm}": rel(a, b) for nm, a, b in
               zip(("dx", "drouter", "dw1", "dw2"), m.out, train_ref["grads"])}
     else:
       train_ref["grads"] = m.out
-    record(f"train[{vname}]", m, 18 * tk * d * n, temp_gib=temp / 2**30,
+    record(f"train[{vname}]", m, 18 * tk * d * n, temp_gib=temp / 2**30, extra_gib=extra / 2**30,
            first_call_s=m.first_call_s, **errs)
 
   def train_variants():
@@ -274,16 +278,19 @@ def run_config(name, shape, args, log):
     from sonic_jax.pallas.wgrad import WgradConfig, wgrad_config_for
     fw = dict(dw1=wgrad_config_for(d, 2 * n, gather="fused"),
               dw2=wgrad_config_for(n, d, gather="fused"))
-    out = [("default", PallasKernels()),
-           ("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
-           ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
-               dh=dh_config_for(d, n, gather="fused"), **fw)))]
+    out = [("default", PallasKernels())]
     if (2 * n) % 256 == 0 and d % 256 == 0:  # two consumer warpgroups (WgradConfig docs)
       fw2 = dict(dw1=WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
                                  gather="fused", num_compute_wgs=2),
                  dw2=WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
                                  gather="fused", num_compute_wgs=2))
       out.append(("fused-wgrad-2wg", PallasKernels(config=cfgs.ForwardConfig(**fw2))))
+      out.append(("fused-bwd-2wg", PallasKernels(config=cfgs.ForwardConfig(
+          dh=dh_config_for(d, n, gather="fused"), **fw2))))
+    if args.train_all:
+      out += [("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
+              ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
+                  dh=dh_config_for(d, n, gather="fused"), **fw)))]
     return out
 
   # Most important first: a timeout then loses only the extra variants.
@@ -421,6 +428,8 @@ def main():
                   help=f"comma-separated subset of {','.join(PARTS)} (the fused-gather variant "
                        "runs with up and forward)")
   ap.add_argument("--skip-check", action="store_true")
+  ap.add_argument("--train-all", action="store_true",
+                  help="train part: also the single-consumer fused wgrad variants")
   ap.add_argument("--fused-sweep", action="store_true",
                   help="also time a few other fused-gather up_proj tilings")
   args = ap.parse_args()
