@@ -17,6 +17,10 @@ size_t grouped_gemm_workspace_bytes(GemmKind kind, int config, int num_groups) {
     case GemmKind::kVarlenMNTF32: return varlen_m_nt_f32_workspace_bytes(config, num_groups);
     case GemmKind::kVarlenMNTBf16: return varlen_m_nt_bf16_workspace_bytes(config, num_groups);
     case GemmKind::kVarlenKF32: return varlen_k_workspace_bytes(config, num_groups);
+    case GemmKind::kVarlenMGatherNNBf16:
+      return varlen_m_gather_workspace_bytes(false, config, num_groups);
+    case GemmKind::kVarlenMGatherNTF32:
+      return varlen_m_gather_workspace_bytes(true, config, num_groups);
     default: return 0;
   }
 }
@@ -29,6 +33,8 @@ std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams&
     case GemmKind::kVarlenMNTF32: return run_varlen_m_nt_f32(config, p, stream);
     case GemmKind::kVarlenMNTBf16: return run_varlen_m_nt_bf16(config, p, stream);
     case GemmKind::kVarlenKF32: return run_varlen_k(config, p, stream);
+    case GemmKind::kVarlenMGatherNNBf16: return run_varlen_m_gather(false, config, p, stream);
+    case GemmKind::kVarlenMGatherNTF32: return run_varlen_m_gather(true, config, p, stream);
     default: return "unknown GEMM kind " + std::to_string(static_cast<int>(kind));
   }
 }
@@ -88,6 +94,10 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
                            ffi::ResultBuffer<ffi::U8, 1> workspace) {
   note_call(stream);
   const GemmKind k = static_cast<GemmKind>(kind);
+  if (auto e = check(!is_gather_kind(k), "grouped_gemm: GEMM kind " + std::to_string(kind) +
+                                             " gathers its A rows; call "
+                                             "sonic_jax_gathered_grouped_gemm");
+      e.failure()) return e;
   const int num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
   GroupedGemmParams p{};
   p.a = a.untyped_data();
@@ -125,6 +135,56 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   }
   std::string err = run_grouped_gemm(k, config, p, stream);
   if (!err.empty()) return ffi::Error::Internal("grouped_gemm: " + err);
+  return ffi::Error::Success();
+}
+
+// kind: a gather GemmKind, config: GemmConfig. src (T, K) bf16, gather_idx (P,) s32,
+// b (E, K, N) [NN] or (E, N, K) [NT] bf16, group_offsets (E+1,) -> d (P, N) (bf16 for NN, f32 for
+// NT): d[p] = src[gather_idx[p]] · op(b[e]) for p in group e; rows from group_offsets[E] on are
+// not written. workspace: u8, size from the workspace query.
+ffi::Error GatheredGroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
+                                   ffi::Buffer<ffi::BF16, 2> src, ffi::Buffer<ffi::S32, 1> idx,
+                                   ffi::AnyBuffer b, ffi::Buffer<ffi::S32, 1> offsets,
+                                   ffi::Result<ffi::AnyBuffer> d,
+                                   ffi::ResultBuffer<ffi::U8, 1> workspace) {
+  note_call(stream);
+  const GemmKind k = static_cast<GemmKind>(kind);
+  if (auto e = check(is_gather_kind(k), "gathered_grouped_gemm: GEMM kind " +
+                                            std::to_string(kind) + " is not a gather kind");
+      e.failure()) return e;
+  const bool nt = k == GemmKind::kVarlenMGatherNTF32;
+  auto sd = src.dimensions(), bd = b.dimensions(), dd = d->dimensions();
+  const int64_t num_groups = offsets.dimensions()[0] - 1;
+  const int64_t cap = idx.dimensions()[0];
+  const int64_t n = bd.size() == 3 ? (nt ? bd[1] : bd[2]) : -1;
+  const int64_t bk = bd.size() == 3 ? (nt ? bd[2] : bd[1]) : -1;
+  std::string shapes = "src " + dims_str(sd) + ", gather_idx " + dims_str(idx.dimensions()) +
+                       ", b " + dims_str(bd) + ", d " + dims_str(dd);
+  if (auto e = check(b.element_type() == ffi::BF16 &&
+                         d->element_type() == (nt ? ffi::F32 : ffi::BF16),
+                     "gathered_grouped_gemm: b must be bf16 and d " +
+                         std::string(nt ? "f32" : "bf16"));
+      e.failure()) return e;
+  if (auto e = check(num_groups >= 1 && bd.size() == 3 && bd[0] == num_groups && bk == sd[1] &&
+                         dd.size() == 2 && dd[0] == cap && dd[1] == n && sd[1] % 8 == 0 &&
+                         n % 8 == 0 && cap < (int64_t(1) << 31),
+                     "gathered_grouped_gemm: bad shapes " + shapes +
+                         " (need b (E, K, N) or (E, N, K), d (P, N), K and N multiples of 8)");
+      e.failure()) return e;
+  GroupedGemmParams p{};
+  p.a = src.untyped_data();
+  p.b = b.untyped_data();
+  p.d = d->untyped_data();
+  p.group_offsets = offsets.typed_data();
+  p.num_groups = static_cast<int>(num_groups);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(sd[1]);
+  p.workspace = workspace->untyped_data();
+  p.workspace_bytes = workspace->size_bytes();
+  p.gather_idx = idx.typed_data();
+  p.src_rows = sd[0];
+  std::string err = run_grouped_gemm(k, config, p, stream);
+  if (!err.empty()) return ffi::Error::Internal("gathered_grouped_gemm: " + err);
   return ffi::Error::Success();
 }
 
@@ -220,6 +280,7 @@ ffi::Error CombineUnweightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> 
 using sonic::handlers::CombineUnweightedImpl;
 using sonic::handlers::CombineWeightedImpl;
 using sonic::handlers::DSwigluImpl;
+using sonic::handlers::GatheredGroupedGemmImpl;
 using sonic::handlers::GatherRowsImpl;
 using sonic::handlers::GroupedGemmImpl;
 using sonic::handlers::SwigluAImpl;
@@ -254,6 +315,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGroupedGemm, GroupedGemmImpl,
                                   .Attr<int32_t>("kind")
                                   .Attr<int32_t>("config")
                                   .Arg<Bf16Matrix>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<S32Vector>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<U8Vector>(),
+                              SONIC_CMD_BUFFER);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatheredGroupedGemm, GatheredGroupedGemmImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Attr<int32_t>("kind")
+                                  .Attr<int32_t>("config")
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<S32Vector>()
                                   .Ret<ffi::AnyBuffer>()
@@ -319,7 +393,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 2; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 3; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown

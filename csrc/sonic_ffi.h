@@ -17,18 +17,24 @@ enum class GemmKind : int {
   kVarlenMNTF32 = 2,   // D[rows_e, N] = A[rows_e, K] · B_eᵀ, B_e (N, K) row-major, D fp32
   kVarlenMNTBf16 = 3,  // same, D bf16
   kVarlenKF32 = 4,     // D_e[M, N] = A[rows_e, M]ᵀ · B[rows_e, N], D (E, M, N) fp32
-  kNumKinds = 5,
+  // A rows gathered in the mainloop (cp.async): D[p, N] = src[gather_idx[p], K] · op(B_e).
+  kVarlenMGatherNNBf16 = 5,  // B_e (K, N) row-major, D bf16 (up_proj)
+  kVarlenMGatherNTF32 = 6,   // B_e (N, K) row-major used transposed, D fp32 (dh)
+  kNumKinds = 7,
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
 // config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K has 0
-// and 3. The workspace query returns 0 for a pair that is not instantiated.
+// and 3, the gather kinds have 4 and 5 (cp.async producer, no cluster). The workspace query
+// returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
   kCooperative128x256C2x1 = 1,
   kCooperative256x128C2x1 = 2,
   kCooperative128x256C1x2 = 3,
-  kNumConfigs = 4,
+  kGatherCoop128x128 = 4,
+  kGatherCoop128x256 = 5,
+  kNumConfigs = 6,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.
@@ -45,7 +51,13 @@ struct GroupedGemmParams {
   int k;                         // varlen-M only: the reduction size
   void* workspace;
   size_t workspace_bytes;
+  const int32_t* gather_idx = nullptr;  // gather kinds: (P,), row p of A is a[gather_idx[p]]
+  int64_t src_rows = 0;                 // gather kinds: rows of a (T); other indices read zeros
 };
+
+inline bool is_gather_kind(GemmKind k) {
+  return k == GemmKind::kVarlenMGatherNNBf16 || k == GemmKind::kVarlenMGatherNTF32;
+}
 
 // Bytes of workspace `run_grouped_gemm` needs for `num_groups` groups on the current device,
 // or 0 when (kind, config) is not instantiated.
@@ -67,6 +79,9 @@ size_t varlen_m_nt_bf16_workspace_bytes(int config, int num_groups);
 std::string run_varlen_m_nt_bf16(int config, const GroupedGemmParams& p, cudaStream_t stream);
 size_t varlen_k_workspace_bytes(int config, int num_groups);
 std::string run_varlen_k(int config, const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_m_gather_workspace_bytes(bool nt_f32, int config, int num_groups);
+std::string run_varlen_m_gather(bool nt_f32, int config, const GroupedGemmParams& p,
+                                cudaStream_t stream);
 
 // ---- Memory-bound kernels (elementwise.cu). bf16 is passed as raw 16-bit storage. ----
 

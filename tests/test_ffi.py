@@ -122,33 +122,46 @@ def test_gemm_kinds_match_the_header():
   enum = dict(re.findall(r"\bk(VarlenM\w+|VarlenK\w+) = (\d+)", text))
   want = {"VarlenMNNF32": GemmKind.VARLEN_M_NN_F32, "VarlenMNNBf16": GemmKind.VARLEN_M_NN_BF16,
           "VarlenMNTF32": GemmKind.VARLEN_M_NT_F32, "VarlenMNTBf16": GemmKind.VARLEN_M_NT_BF16,
-          "VarlenKF32": GemmKind.VARLEN_K_F32}
+          "VarlenKF32": GemmKind.VARLEN_K_F32,
+          "VarlenMGatherNNBf16": GemmKind.VARLEN_M_GATHER_NN_BF16,
+          "VarlenMGatherNTF32": GemmKind.VARLEN_M_GATHER_NT_F32}
   assert {k: int(v) for k, v in enum.items()} == {k: int(v) for k, v in want.items()}
+  assert re.search(r"kNumKinds = (\d+)", text).group(1) == str(len(GemmKind))
+  # C++ is_gather_kind and Python GATHER_KINDS name the same kinds.
+  body = re.search(r"bool is_gather_kind\(GemmKind k\) \{([^}]*)\}", text).group(1)
+  assert set(re.findall(r"GemmKind::k(\w+)", body)) == {
+      k for k, v in want.items() if v in schedules.GATHER_KINDS}
 
 
 def test_gemm_configs_match_the_header_and_the_instantiations():
   text = (CSRC / "sonic_ffi.h").read_text()
-  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative)\w+) = (\d+)", text))
+  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|GatherCoop)\w+) = (\d+)", text))
   assert {k: int(v) for k, v in enum.items()} == {
       "Pingpong128x128C2x1": GemmConfig.PINGPONG_128x128_C2x1,
       "Cooperative128x256C2x1": GemmConfig.COOPERATIVE_128x256_C2x1,
       "Cooperative256x128C2x1": GemmConfig.COOPERATIVE_256x128_C2x1,
-      "Cooperative128x256C1x2": GemmConfig.COOPERATIVE_128x256_C1x2}
+      "Cooperative128x256C1x2": GemmConfig.COOPERATIVE_128x256_C1x2,
+      "GatherCoop128x128": GemmConfig.GATHER_COOP_128x128,
+      "GatherCoop128x256": GemmConfig.GATHER_COOP_128x256}
+  assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
   def cases(path, start=None):
     body = (CSRC / path).read_text()
-    if start is not None:
+    if start is not None:  # one dispatch function of a TU that has several
       body = body[body.index(start):]
+      body = body[:body.index("default:")]
     return re.findall(r"case (\d): fn\(\w+<(?:Bf16, )?(\w+)>", body)
-  for path, kinds in (("gemm_varlen_m_nn.cu", [GemmKind.VARLEN_M_NN_BF16]),
-                      ("gemm_varlen_m_nt_f32.cu", [GemmKind.VARLEN_M_NT_F32]),
-                      ("gemm_varlen_m_nt_bf16.cu", [GemmKind.VARLEN_M_NT_BF16]),
-                      ("gemm_varlen_k.cu", [GemmKind.VARLEN_K_F32])):
-    got = [(int(i), name) for i, name in cases(path)]
-    for kind in kinds:
-      want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
-      assert got == want, (path, got, want)
+  for path, start, kind in (
+      ("gemm_varlen_m_nn.cu", None, GemmKind.VARLEN_M_NN_BF16),
+      ("gemm_varlen_m_nt_f32.cu", None, GemmKind.VARLEN_M_NT_F32),
+      ("gemm_varlen_m_nt_bf16.cu", None, GemmKind.VARLEN_M_NT_BF16),
+      ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_F32),
+      ("gemm_varlen_m_gather.cu", "dispatch_gather_nn(int", GemmKind.VARLEN_M_GATHER_NN_BF16),
+      ("gemm_varlen_m_gather.cu", "dispatch_gather_nt(int", GemmKind.VARLEN_M_GATHER_NT_F32)):
+    got = [(int(i), name) for i, name in cases(path, start)]
+    want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
+    assert got == want, (path, kind, got, want)
   # Every default and measured pick is instantiated.
   for kind, cfg in schedules.DEFAULT.items():
     assert cfg in schedules.INSTANTIATED[kind]
@@ -160,6 +173,59 @@ def test_schedule_check_rejects_configs_that_are_not_built():
   with pytest.raises(ValueError, match="config must be one of .* for VARLEN_K_F32, got 1"):
     schedules.check(GemmKind.VARLEN_K_F32, 1)
   assert schedules.check(GemmKind.VARLEN_M_NT_F32, 2) == GemmConfig.COOPERATIVE_256x128_C2x1
+
+
+def test_every_gemm_translation_unit_is_built():
+  text = (CSRC / "CMakeLists.txt").read_text()
+  listed = set(re.findall(r"\b(\w+\.cu)\b", text))
+  assert {p.name for p in CSRC.glob("*.cu")} <= listed
+
+
+def test_grouped_gemm_handler_rejects_gather_kinds():
+  text = (CSRC / "ffi_handlers.cu").read_text()
+  plain = text[text.index("ffi::Error GroupedGemmImpl("):text.index("ffi::Error GatheredGroupedGemmImpl(")]
+  assert "check(!is_gather_kind(k)" in plain
+  gathered = text[text.index("ffi::Error GatheredGroupedGemmImpl("):]
+  assert "check(is_gather_kind(k)" in gathered
+
+
+def test_ffi_kernels_fused_gather_switch():
+  assert FfiKernels().fused_gather is False  # opt-in until a GPU measures it faster
+  assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather=True)
+  assert FfiKernels(fused_gather=True) != FfiKernels()
+  assert hash(FfiKernels(fused_gather=True)) == hash(FfiKernels(fused_gather=True))
+  # The custom_vjp block is cached per backend: equal switches share one entry.
+  assert len({FfiKernels(), FfiKernels(), FfiKernels(fused_gather=True)}) == 2
+  with pytest.raises(ValueError, match="fused_gather must be a bool, got 'yes'"):
+    FfiKernels(fused_gather="yes")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(kind=GemmKind.VARLEN_M_NN_BF16),
+     "kind must be one of \\['VARLEN_M_GATHER_NN_BF16', 'VARLEN_M_GATHER_NT_F32'\\], got "
+     "VARLEN_M_NN_BF16"),
+    (dict(b=(4, 40, 64)), "b must be \\(E, K, N\\) .* K = src.shape\\[1\\] = 32, got b \\(4, 40, 64\\)"),
+    (dict(b=(3, 32, 64)), "E = group_offsets.shape\\[0\\] - 1 = 4"),
+    (dict(b=(4, 32, 60)), "K and N must be multiples of 8 .* N=60"),
+    (dict(src_dtype=jnp.float32), "src must be bf16, got float32"),
+    (dict(config=GemmConfig.COOPERATIVE_128x256_C2x1),
+     "config must be one of .* for VARLEN_M_GATHER_NN_BF16, got 1"),
+])
+def test_gathered_grouped_gemm_rejects_bad_arguments(bad, match):
+  src = jnp.zeros((16, 32), bad.get("src_dtype", jnp.bfloat16))
+  b = jnp.zeros(bad.get("b", (4, 32, 64)), jnp.bfloat16)
+  offs = jnp.array([0, 4, 8, 8, 12], jnp.int32)
+  idx = jnp.zeros((16,), jnp.int32)
+  with pytest.raises(ValueError, match=match):
+    ops.gathered_grouped_gemm(src, idx, b, offs, bad.get("kind", GemmKind.VARLEN_M_GATHER_NN_BF16),
+                              config=bad.get("config"))
+
+
+def test_grouped_gemm_refuses_gather_kinds():
+  a = jnp.zeros((16, 32), jnp.bfloat16)
+  with pytest.raises(ValueError, match="VARLEN_M_GATHER_NT_F32 gathers its A rows"):
+    ops.grouped_gemm(a, jnp.zeros((4, 64, 32), jnp.bfloat16), jnp.zeros((5,), jnp.int32),
+                     GemmKind.VARLEN_M_GATHER_NT_F32)
 
 
 def test_handlers_are_marked_command_buffer_compatible():
@@ -298,8 +364,9 @@ def test_backward_entry_points_match_xla(routing, data):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused_gather", [False, True], ids=["gather_rows", "fused_gather"])
 @pytest.mark.parametrize("routing", ["topk", "token_rounding"])
-def test_layer_forward_backward_matches_xla(routing):
+def test_layer_forward_backward_matches_xla(routing, fused_gather):
   t, d, n, e, k = 1024, 512, 256, 12, 4
   ks = jax.random.split(jax.random.key(11), 5)
   x = jax.random.normal(ks[0], (t, d), jnp.bfloat16)
@@ -314,11 +381,11 @@ def test_layer_forward_backward_matches_xla(routing):
     return jnp.sum(out.astype(jnp.float32) * cot.astype(jnp.float32)), out
 
   results = {}
-  for backend in ("ffi", "xla"):
+  for backend in (FfiKernels(fused_gather=fused_gather), "xla"):
     f = jax.jit(jax.value_and_grad(lambda *a, b=backend: loss(b, *a), argnums=(0, 1, 2, 3),
                                    has_aux=True))
     results[backend] = f(x, router_w, w1, w2)
-  (_, out), grads = results["ffi"]
+  (_, out), grads = [v for b, v in results.items() if b != "xla"][0]
   (_, out_r), grads_r = results["xla"]
   assert _rel(out, out_r) < BF16_TOL
   for name, g, g_r in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_r):
@@ -378,7 +445,10 @@ def test_up_proj_a_from_bf16_h_stays_at_bf16_rounding(data):
 _CMD_BUFFER_CHILD = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np
+import sys
 import sonic_jax
+from sonic_jax.ffi.backend import FfiKernels
+ffi_backend = FfiKernels(fused_gather=sys.argv[1] == "1")
 t, d, n, e, k = 512, 256, 128, 6, 2
 ks = jax.random.split(jax.random.key(5), 6)
 w1 = (jax.random.normal(ks[0], (e, d, 2 * n)) / np.sqrt(d)).astype(jnp.bfloat16)
@@ -387,8 +457,9 @@ cot = jax.random.normal(ks[2], (t, d), jnp.bfloat16).astype(jnp.float32)
 def loss(backend, x, r, w1, w2):
   out = sonic_jax.moe(x, r, w1, w2, top_k=k, backend=backend)
   return jnp.sum(out.astype(jnp.float32) * cot), out
-fs = {b: jax.jit(jax.value_and_grad(lambda *a, b=b: loss(b, *a), argnums=(0, 1, 2, 3),
-                                    has_aux=True)) for b in ("ffi", "xla")}
+fs = {name: jax.jit(jax.value_and_grad(lambda *a, b=b: loss(b, *a), argnums=(0, 1, 2, 3),
+                                       has_aux=True))
+      for name, b in (("ffi", ffi_backend), ("xla", "xla"))}
 def inputs(seed, skew):
   kx, kr = jax.random.split(jax.random.key(seed))
   r = (jax.random.normal(kr, (d, e)) / np.sqrt(d)).astype(jnp.bfloat16)
@@ -411,7 +482,8 @@ print("RESULT " + json.dumps(dict(calls=calls, captured=captured, errs=errs)))
 
 
 @pytest.mark.gpu
-def test_layer_runs_inside_xla_command_buffers():
+@pytest.mark.parametrize("fused_gather", [False, True], ids=["gather_rows", "fused_gather"])
+def test_layer_runs_inside_xla_command_buffers(fused_gather):
   """With custom calls allowed in command buffers, XLA records the FFI handlers into CUDA graphs
   (the library counts handler calls made while the stream is being captured; jax 0.11.2 forms
   command buffers from thunks, so they do not show in the compiled HLO), and calls with new
@@ -424,7 +496,8 @@ def test_layer_runs_inside_xla_command_buffers():
                       "CUBLAS,CUBLASLT,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1").strip()
   root = pathlib.Path(__file__).resolve().parent.parent
   env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
-  proc = subprocess.run([sys.executable, "-c", _CMD_BUFFER_CHILD], capture_output=True,
+  proc = subprocess.run([sys.executable, "-c", _CMD_BUFFER_CHILD, str(int(fused_gather))],
+                        capture_output=True,
                         text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-4000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
@@ -433,3 +506,115 @@ def test_layer_runs_inside_xla_command_buffers():
   assert res["captured"] > 0, res
   for errs in res["errs"]:
     assert errs[0] < BF16_TOL and max(errs[1:]) < 2 * BF16_TOL, res["errs"]
+
+
+# ---------------------------------------------------------------- GPU: fused gather (issue #5)
+
+_GATHER_KIND_CONFIGS = [(kind, cfg) for kind in schedules.GATHER_KINDS
+                        for cfg in schedules.INSTANTIATED[kind]]
+GATHER_TOL = 8e-3
+
+
+def _gather_problem(case: str, kind: GemmKind):
+  """(src, plan, b) for a gathered-GEMM case; b is (E, K, N) for NN and (E, N, K) for NT."""
+  if case == "ragged":
+    # P = 999 (not a multiple of any tile), K = 200 (not a multiple of 64), N = 136 (not a
+    # multiple of the tile N), E = 5.
+    t, k, n, e = 333, 200, 136, 5
+    plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
+  else:
+    t, k, n, e = T, D, 2 * N, E
+    plan = _plans(T, E)[case]
+  ks = jax.random.split(jax.random.key(17), 2)
+  src = jax.random.normal(ks[0], (t, k), jnp.bfloat16)
+  shape = (e, n, k) if kind == GemmKind.VARLEN_M_GATHER_NT_F32 else (e, k, n)
+  b = (jax.random.normal(ks[1], shape, jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+  return src, plan, b
+
+
+def _gather_reference(src, plan, b, kind) -> np.ndarray:
+  """float64 src[gather_idx[p]] · op(b[e]) per expert, rows past group_offsets[-1] zero."""
+  rows = np.asarray(src, np.float64)[np.asarray(plan.gather_idx)]
+  bb = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+  if kind == GemmKind.VARLEN_M_GATHER_NT_F32:
+    bb = np.swapaxes(bb, 1, 2)
+  offs = np.asarray(plan.group_offsets)
+  out = np.zeros((rows.shape[0], bb.shape[2]))
+  for e in range(bb.shape[0]):
+    out[offs[e]:offs[e + 1]] = rows[offs[e]:offs[e + 1]] @ bb[e]
+  return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ROUTINGS + ["ragged"])
+@pytest.mark.parametrize("kind, config", _GATHER_KIND_CONFIGS,
+                         ids=[f"{k.name}-{c.name}" for k, c in _GATHER_KIND_CONFIGS])
+def test_gathered_gemm_matches_fp32_reference(kind, config, case):
+  """Empty experts and E = 7 (empty_experts), all rows on one expert (one_expert), groups
+  straddling tiles (topk), padded capacity (token_rounding), P / K / N off the tile (ragged)."""
+  src, plan, b = _gather_problem(case, kind)
+  f = jax.jit(lambda s, i, w, o: ops.gathered_grouped_gemm(s, i, w, o, kind, config=config))
+  got = f(src, plan.gather_idx, b, plan.group_offsets)
+  want_dtype = jnp.float32 if kind == GemmKind.VARLEN_M_GATHER_NT_F32 else jnp.bfloat16
+  assert got.dtype == want_dtype and got.shape == (plan.capacity, b.shape[1 if kind ==
+                                                   GemmKind.VARLEN_M_GATHER_NT_F32 else 2])
+  rows = _rows(plan)
+  want = _gather_reference(src, plan, b, kind)
+  assert _rel(got, want, rows) < GATHER_TOL, case
+  # The same product through the separate gather + TMA grouped GEMM (the unfused path).
+  plain = {GemmKind.VARLEN_M_GATHER_NN_BF16: GemmKind.VARLEN_M_NN_BF16,
+           GemmKind.VARLEN_M_GATHER_NT_F32: GemmKind.VARLEN_M_NT_F32}[kind]
+  unfused = jax.jit(lambda s, i, w, o: ops.grouped_gemm(ops.gather_rows(s, i, o), w, o, plain))(
+      src, plan.gather_idx, b, plan.group_offsets)
+  assert _rel(got, unfused, rows) < GATHER_TOL, case
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, config", _GATHER_KIND_CONFIGS,
+                         ids=[f"{k.name}-{c.name}" for k, c in _GATHER_KIND_CONFIGS])
+def test_gathered_gemm_is_deterministic(kind, config):
+  src, plan, b = _gather_problem("topk", kind)
+  f = jax.jit(lambda s, i, w, o: ops.gathered_grouped_gemm(s, i, w, o, kind, config=config))
+  rows = _rows(plan)
+  first = np.asarray(f(src, plan.gather_idx, b, plan.group_offsets))[rows]
+  for _ in range(3):
+    again = np.asarray(f(src, plan.gather_idx, b, plan.group_offsets))[rows]
+    assert np.array_equal(first, again)
+
+
+@pytest.mark.gpu
+def test_gathered_gemm_zero_rows_and_out_of_range_indices():
+  """No live rows at all (group_offsets all zero: no tiles) runs without a fault; an index
+  outside [0, T) reads a zero row instead of faulting."""
+  kind = GemmKind.VARLEN_M_GATHER_NN_BF16
+  src, plan, b = _gather_problem("topk", kind)
+  offs0 = jnp.zeros_like(plan.group_offsets)
+  out = jax.jit(lambda s, i, w, o: ops.gathered_grouped_gemm(s, i, w, o, kind))(
+      src, plan.gather_idx, b, offs0)
+  assert out.shape == (plan.capacity, b.shape[2])
+  idx = plan.gather_idx.at[0].set(src.shape[0] + 5)
+  got = jax.jit(lambda s, i, w, o: ops.gathered_grouped_gemm(s, i, w, o, kind))(
+      src, idx, b, plan.group_offsets)
+  assert np.all(np.asarray(got[0], np.float32) == 0)
+  rows = _rows(plan)
+  rows[0] = False
+  assert _rel(got, _gather_reference(src, plan, b, kind), rows) < GATHER_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_fused_gather_entry_points_match_xla(routing, data):
+  plan = _plans(T, E)[routing]
+  p = plan.capacity
+  fused, ref = FfiKernels(fused_gather=True), XlaKernels()
+  rows = _rows(plan)
+  h, a = jax.jit(fused.up_proj)(data["x"], data["w1"], plan)
+  h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)
+  assert _rel(h, h_ref, rows) < BF16_TOL
+  assert _rel(a, a_ref, rows) < BF16_TOL
+  s = plan.grouped_scores()
+  dh, a_prime, ds = jax.jit(fused.dh)(data["dout"], data["w2"], data["h"][:p], s, plan)
+  dh_r, a_prime_r, ds_r = ref.dh(data["dout"], data["w2"], data["h"][:p], s, plan)
+  assert _rel(dh, dh_r, rows) < BF16_TOL
+  assert _rel(a_prime, a_prime_r, rows) < BF16_TOL
+  assert _rel(ds, ds_r, rows) < F32_TOL

@@ -14,6 +14,7 @@ ENV_LIBRARY = "SONIC_JAX_FFI_LIBRARY"
 TARGETS = {
     "sonic_jax_gather_rows": "SonicGatherRows",
     "sonic_jax_grouped_gemm": "SonicGroupedGemm",
+    "sonic_jax_gathered_grouped_gemm": "SonicGatheredGroupedGemm",
     "sonic_jax_swiglu_ha": "SonicSwigluHA",
     "sonic_jax_swiglu_a": "SonicSwigluA",
     "sonic_jax_swiglu_from_h": "SonicSwigluFromH",
@@ -21,7 +22,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 def _search_dirs() -> list[pathlib.Path]:

@@ -9,7 +9,9 @@ Composition (each step one FFI call, all device-side, no host sync, CUDA-graph c
   combine   one kernel, 16-byte loads, fp32 accumulation (weighted or not)
 A comes from the bf16-rounded H, as the backward recomputes it (session 1 wrote an fp32
 accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax.ffi.schedules.
-The gathers and epilogues are separate kernels; fusing them into the GEMM is future work.
+``FfiKernels(fused_gather=True)`` (opt-in, not yet measured faster) lets up_proj and dh read
+the x / dO rows through gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead
+of gathering a (P, d) copy first; dw1 / dw2 still gather. The epilogues are separate kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +32,22 @@ class FfiKernels(ExpertKernels):
 
   name = "ffi"
 
+  def __init__(self, fused_gather: bool = False):
+    if not isinstance(fused_gather, bool):
+      raise ValueError(f"fused_gather must be a bool, got {fused_gather!r}")
+    self.fused_gather = fused_gather
+
+  # Value semantics: the custom_vjp expert block is cached per backend instance
+  # (experts._expert_block), so equal configurations share one trace.
+  def __hash__(self):
+    return hash((type(self), self.fused_gather))
+
+  def __eq__(self, other):
+    return type(other) is type(self) and other.fused_gather == self.fused_gather
+
+  def __repr__(self):
+    return f"FfiKernels(fused_gather={self.fused_gather})"
+
   def validate(self, x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array) -> None:
     """Raises ValueError for dtypes or sizes the kernels cannot handle (before any kernel runs)."""
     for arg, arr in (("x", x), ("w1", w1), ("w2", w2)):
@@ -48,8 +66,12 @@ class FfiKernels(ExpertKernels):
 
   def up_proj(self, x, w1, plan, *, inference=False):
     offs = plan.group_offsets
-    xg = ops.gather_rows(x, plan.gather_idx, offs)
-    h = ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_BF16)
+    if self.fused_gather:
+      h = ops.gathered_grouped_gemm(x, plan.gather_idx, w1, offs,
+                                    GemmKind.VARLEN_M_GATHER_NN_BF16)
+    else:
+      xg = ops.gather_rows(x, plan.gather_idx, offs)
+      h = ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_BF16)
     a = ops.swiglu_from_h(h, offs)
     return (None if inference else h), a
 
@@ -62,8 +84,12 @@ class FfiKernels(ExpertKernels):
 
   def dh(self, dout, w2, h, scores_grouped, plan):
     offs = plan.group_offsets
-    dog = ops.gather_rows(dout, plan.gather_idx, offs)
-    da = ops.grouped_gemm(dog, w2, offs, GemmKind.VARLEN_M_NT_F32)
+    if self.fused_gather:
+      da = ops.gathered_grouped_gemm(dout, plan.gather_idx, w2, offs,
+                                     GemmKind.VARLEN_M_GATHER_NT_F32)
+    else:
+      dog = ops.gather_rows(dout, plan.gather_idx, offs)
+      da = ops.grouped_gemm(dog, w2, offs, GemmKind.VARLEN_M_NT_F32)
     return ops.dswiglu(da, h, scores_grouped, offs)
 
   def dw2(self, dout, a_prime, plan):

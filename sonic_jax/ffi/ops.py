@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sonic_jax.ffi import _lib, schedules
-from sonic_jax.ffi.schedules import GemmConfig, GemmKind
+from sonic_jax.ffi.schedules import GATHER_KINDS, GemmConfig, GemmKind
 
 _BF16, _F32 = jnp.bfloat16, jnp.float32
 
@@ -37,6 +37,8 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
   varlen-K: a (P, M), b (P, N) -> (E, M, N) fp32.
   """
   kind = GemmKind(kind)
+  if kind in GATHER_KINDS:
+    raise ValueError(f"kind {kind.name} gathers its A rows: call gathered_grouped_gemm")
   num_groups = group_offsets.shape[0] - 1
   if kind == GemmKind.VARLEN_K_F32:
     out_shape = (num_groups, a.shape[1], b.shape[1])
@@ -58,6 +60,47 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
                   jax.ShapeDtypeStruct((ws,), jnp.uint8)),
                  a, b, group_offsets.astype(jnp.int32), kind=np.int32(int(kind)),
                  config=np.int32(int(config)))
+  return out
+
+
+def gathered_grouped_gemm(src: jax.Array, gather_idx: jax.Array, b: jax.Array,
+                          group_offsets: jax.Array, kind: GemmKind,
+                          config: GemmConfig | int | None = None) -> jax.Array:
+  """Varlen-M grouped GEMM reading its A rows through ``gather_idx`` (no (P, K) copy).
+
+  src (T, K) bf16, gather_idx (P,) int, b (E, K, N) [VARLEN_M_GATHER_NN_BF16, bf16 out] or
+  (E, N, K) [VARLEN_M_GATHER_NT_F32, fp32 out] -> (P, N) with
+  out[p] = src[gather_idx[p]] · op(b[e]) for p in group e; rows from group_offsets[-1] on are
+  left unwritten. config None: schedules.pick.
+  """
+  kind = GemmKind(kind)
+  if kind not in GATHER_KINDS:
+    raise ValueError(f"kind must be one of {[k.name for k in GATHER_KINDS]}, got {kind.name}")
+  nt = kind == GemmKind.VARLEN_M_GATHER_NT_F32
+  if src.ndim != 2 or gather_idx.ndim != 1 or b.ndim != 3 or group_offsets.ndim != 1:
+    raise ValueError(f"need src (T, K), gather_idx (P,), b (E, ., .), group_offsets (E+1,); got "
+                     f"src {src.shape}, gather_idx {gather_idx.shape}, b {b.shape}, "
+                     f"group_offsets {group_offsets.shape}")
+  num_groups = group_offsets.shape[0] - 1
+  k, n = (b.shape[2], b.shape[1]) if nt else (b.shape[1], b.shape[2])
+  b_form = "(E, N, K)" if nt else "(E, K, N)"
+  if b.shape[0] != num_groups or k != src.shape[1]:
+    raise ValueError(f"b must be {b_form} with E = group_offsets.shape[0] - 1 = {num_groups} and "
+                     f"K = src.shape[1] = {src.shape[1]}, got b {b.shape}")
+  if k % 8 or n % 8:
+    raise ValueError(f"K and N must be multiples of 8 (16-byte cp.async chunks), got K={k}, N={n}")
+  for arg, arr in (("src", src), ("b", b)):
+    if arr.dtype != _BF16:
+      raise ValueError(f"{arg} must be bf16, got {arr.dtype}")
+  if config is None:
+    config = schedules.pick(kind, n, k)
+  config = schedules.check(kind, config)
+  ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
+  out, _ = _call("sonic_jax_gathered_grouped_gemm",
+                 (jax.ShapeDtypeStruct((gather_idx.shape[0], n), _F32 if nt else _BF16),
+                  jax.ShapeDtypeStruct((ws,), jnp.uint8)),
+                 src, gather_idx.astype(jnp.int32), b, group_offsets.astype(jnp.int32),
+                 kind=np.int32(int(kind)), config=np.int32(int(config)))
   return out
 
 

@@ -18,6 +18,12 @@ class GemmKind(enum.IntEnum):
   VARLEN_M_NT_F32 = 2   # D[rows_e] = A[rows_e] · B_eᵀ, B_e (N, K)
   VARLEN_M_NT_BF16 = 3
   VARLEN_K_F32 = 4      # D_e = A[rows_e]ᵀ · B[rows_e]
+  # A rows gathered inside the GEMM (cp.async): D[p] = src[gather_idx[p]] · op(B_e).
+  VARLEN_M_GATHER_NN_BF16 = 5  # B_e (K, N), bf16 out (up_proj)
+  VARLEN_M_GATHER_NT_F32 = 6   # B_e (N, K) used transposed, fp32 out (dh)
+
+
+GATHER_KINDS = (GemmKind.VARLEN_M_GATHER_NN_BF16, GemmKind.VARLEN_M_GATHER_NT_F32)
 
 
 class GemmConfig(enum.IntEnum):
@@ -26,10 +32,15 @@ class GemmConfig(enum.IntEnum):
   COOPERATIVE_128x256_C2x1 = 1
   COOPERATIVE_256x128_C2x1 = 2
   COOPERATIVE_128x256_C1x2 = 3
+  # Gather kinds only: cp.async producer warpgroup, two consumer warpgroups, no cluster.
+  GATHER_COOP_128x128 = 4
+  GATHER_COOP_128x256 = 5
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
               GemmConfig.COOPERATIVE_256x128_C2x1)
+
+_GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256)
 
 # The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
@@ -39,6 +50,8 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_NT_BF16: _M_CONFIGS,
     GemmKind.VARLEN_K_F32: (GemmConfig.PINGPONG_128x128_C2x1,
                             GemmConfig.COOPERATIVE_128x256_C1x2),
+    GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
+    GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
 }
 
 # Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
@@ -50,6 +63,9 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     GemmKind.VARLEN_M_NT_F32: GemmConfig.COOPERATIVE_128x256_C2x1,
     GemmKind.VARLEN_M_NT_BF16: GemmConfig.COOPERATIVE_128x256_C2x1,
     GemmKind.VARLEN_K_F32: GemmConfig.COOPERATIVE_128x256_C1x2,
+    # Not measured yet: the wider tile halves the B bytes per FLOP the cp.async producer moves.
+    GemmKind.VARLEN_M_GATHER_NN_BF16: GemmConfig.GATHER_COOP_128x256,
+    GemmKind.VARLEN_M_GATHER_NT_F32: GemmConfig.GATHER_COOP_128x256,
 }
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:

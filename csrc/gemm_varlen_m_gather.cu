@@ -1,0 +1,399 @@
+// Varlen-M grouped GEMM whose A rows are gathered inside the mainloop (GitHub issue #5):
+//   D[p, :] = src[gather_idx[p], :] · op(B_e)   for p in [group_offsets[e], group_offsets[e+1]).
+// TMA cannot gather rows on Hopper, so one producer warpgroup moves 16-byte chunks of A (through
+// gather_idx) and of B_e with cp.async (zero-fill for rows past the group end and for the N / K
+// residues) into the swizzled shared-memory stages that CUTLASS's cp.async GMMA mainloop
+// (MainloopSm90CpAsyncGmmaWarpSpecialized) consumes; its `mma` runs on two consumer warpgroups.
+// The kernel is persistent over a linear tile index: a metadata kernel in the same call turns
+// group_offsets into per-expert tile prefixes (workspace), and every warpgroup maps a tile id to
+// (expert, M block, N block) by binary search on them. Nothing is read on the host.
+#include <cuda_bf16.h>
+
+#include <cub/block/block_scan.cuh>
+
+#include "cutlass/arch/barrier.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "grouped_gemm.cuh"
+
+namespace sonic {
+namespace gather {
+
+using Bf16 = cutlass::bfloat16_t;
+
+// Tile schedules of the gather kinds (sonic::GemmConfig 4 and 5). Cooperative: the two consumer
+// warpgroups split the M rows of one tile. No setmaxnreg: all 384 threads fit in 168 registers
+// without spills (ptxas: 156-158 for 128x256), while taking the producer down to 40 spilled.
+struct GatherCoop128x128 {
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+};
+struct GatherCoop128x256 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+};
+
+// 16-byte cp.async through L2 only (gathered rows are shared by the CTAs of one M block, not by
+// the warps of one CTA); `bytes` = 0 writes zeros without reading `gmem`.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = cute::cast_smem_ptr_to_uint(smem);
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(bytes)
+               : "memory");
+}
+
+// kNT: B_e is (N, K) row-major (used transposed); else (K, N) row-major.
+template <bool kNT, class Out, class Config>
+struct GatherGemm {
+  using Tile = typename Config::Tile;
+  using OutType = Out;
+  static constexpr int kBM = cute::size<0>(Tile{});
+  static constexpr int kBN = cute::size<1>(Tile{});
+  static constexpr int kBK = cute::size<2>(Tile{});
+  static constexpr int kChunk = 8;  // bf16 elements per 16-byte cp.async
+  using LayoutB = cute::conditional_t<kNT, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+
+  // Only the mainloop's types and its consumer half are used: TiledMma, the swizzled stage
+  // layouts, the stage count and the PipelineAsync the producer below fills.
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor,
+      kChunk, Bf16, LayoutB, kChunk, float, Tile, cute::Shape<cute::_1, cute::_1, cute::_1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipeState = typename Mainloop::PipelineState;
+  using SmemLayoutA = typename Mainloop::SmemLayoutA;  // (BM, BK, stages)
+  using SmemLayoutB = typename Mainloop::SmemLayoutB;  // (BN, BK, stages)
+
+  static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kMmaThreads = cute::size(TiledMma{});
+  static constexpr int kThreads = kProducerThreads + kMmaThreads;
+  static_assert(kMmaThreads == 2 * cutlass::NumThreadsPerWarpGroup, "two consumer warpgroups");
+  static_assert(kBK % kChunk == 0 && kProducerThreads % (kBK / kChunk) == 0);
+  static_assert(kBN % kChunk == 0 && kProducerThreads % (kBN / kChunk) == 0);
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+
+  struct Params {
+    const Bf16* src;                 // (T, K)
+    const int32_t* gather_idx;       // (P,)
+    const Bf16* b;                   // (E, K, N) or (E, N, K)
+    Out* d;                          // (P, N)
+    const int32_t* group_offsets;    // (E + 1,)
+    const int32_t* tile_start;       // (E + 1,): first linear tile of each expert, [E] = total
+    int num_groups, n, k;
+    int64_t src_rows;                // T: gather indices outside [0, T) read as zero rows
+  };
+
+  // One output tile: rows [row0, row0 + rows) of D (all in expert e), columns [n0, n0 + BN).
+  struct TileCoord {
+    int e, row0, rows, n0;
+  };
+
+  static __device__ TileCoord locate(const Params& p, int tile, int n_tiles) {
+    // The largest e with tile_start[e] <= tile: empty experts share their successor's start, so
+    // this is the one non-empty expert whose range holds the tile.
+    int lo = 0, hi = p.num_groups;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (__ldg(p.tile_start + mid) <= tile) lo = mid; else hi = mid;
+    }
+    const int local = tile - __ldg(p.tile_start + lo);
+    const int m_blk = local / n_tiles;  // N blocks vary fastest: neighbouring CTAs share A rows
+    const int start = __ldg(p.group_offsets + lo) + m_blk * kBM;
+    const int end = __ldg(p.group_offsets + lo + 1);
+    return {lo, start, min(kBM, end - start), (local - m_blk * n_tiles) * kBN};
+  }
+
+  // Producer warpgroup: fills one stage per K block, A through gather_idx, B from B_e.
+  static __device__ void load_tile(const Params& p, const TileCoord& tc, Pipeline& pipe,
+                                   PipeState& state, typename Mainloop::TensorStorage& smem,
+                                   int tid, int k_tiles) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
+
+    // A: a thread owns one 16-byte column chunk of every (128 / chunks-per-row)-th row. Source
+    // rows are kept as 32-bit indices (-1: zero-fill) so the producer fits in few registers.
+    constexpr int kARowChunks = kBK / kChunk;
+    constexpr int kARowStep = kProducerThreads / kARowChunks;
+    constexpr int kAIters = kBM / kARowStep;
+    const int a_col = (tid % kARowChunks) * kChunk;
+    const int row_in = tid / kARowChunks;
+    int32_t a_src[kAIters];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kAIters; ++i) {
+      const int r = row_in + i * kARowStep;
+      const int32_t src_row = r < tc.rows ? __ldg(p.gather_idx + tc.row0 + r) : -1;
+      a_src[i] = src_row >= 0 && src_row < p.src_rows ? src_row : -1;
+    }
+    const Bf16* b_e = p.b + int64_t(tc.e) * p.k * p.n;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      pipe.producer_acquire(state);
+      const int stage = state.index();
+      const int k0 = kt * kBK;
+      const bool a_k_ok = k0 + a_col < p.k;
+      const Bf16* a_base = p.src + k0 + a_col;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kAIters; ++i) {
+        const bool ok = a_k_ok && a_src[i] >= 0;
+        const Bf16* g = ok ? a_base + int64_t(a_src[i]) * p.k : p.src;
+        cp_async_16(&sA(row_in + i * kARowStep, a_col, stage), g, ok);
+      }
+      if constexpr (kNT) {
+        // B_e (N, K): K-major rows like A, no gather.
+        constexpr int kBIters = kBN / kARowStep;
+        CUTLASS_PRAGMA_UNROLL
+        const Bf16* b_base = b_e + int64_t(tc.n0 + row_in) * p.k + k0 + a_col;
+        const int64_t b_step = int64_t(kARowStep) * p.k;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBIters; ++j) {
+          const int c = row_in + j * kARowStep;
+          const bool ok = a_k_ok && tc.n0 + c < p.n;
+          cp_async_16(&sB(c, a_col, stage), ok ? b_base + j * b_step : p.b, ok);
+        }
+      } else {
+        // B_e (K, N): 16-byte chunks along N, MN-major stage layout.
+        constexpr int kBColChunks = kBN / kChunk;
+        constexpr int kBKStep = kProducerThreads / kBColChunks;
+        constexpr int kBIters = kBK / kBKStep;
+        const int c = (tid % kBColChunks) * kChunk;
+        const int k_in = tid / kBColChunks;
+        const bool n_ok = tc.n0 + c < p.n;
+        const Bf16* b_base = b_e + int64_t(k0 + k_in) * p.n + tc.n0 + c;
+        const int64_t b_step = int64_t(kBKStep) * p.n;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBIters; ++j) {
+          const int kk = k_in + j * kBKStep;
+          const bool ok = n_ok && k0 + kk < p.k;
+          cp_async_16(&sB(c, kk, stage), ok ? b_base + j * b_step : p.b, ok);
+        }
+      }
+      // The stage completes when every producer thread's copies have landed.
+      pipe.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
+      ++state;
+    }
+  }
+
+  // Consumer epilogue straight from the accumulators: rows past the group end and columns past
+  // N are never written (neighbouring experts own those rows).
+  template <class Accum>
+  static __device__ void store_tile(const Params& p, const TileCoord& tc, const Accum& acc,
+                                    int mma_tid) {
+    using namespace cute;
+    TiledMma mma;
+    auto thr = mma.get_slice(mma_tid);
+    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    static_assert(decltype(size(coord))::value % 2 == 0);
+    Out* d = p.d + int64_t(tc.row0) * p.n + tc.n0;
+    const int n_left = p.n - tc.n0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r >= tc.rows || c >= n_left) continue;
+      const bool pair = get<0>(coord(i + 1)) == r && get<1>(coord(i + 1)) == c + 1;
+      Out* dst = d + int64_t(r) * p.n + c;
+      if constexpr (cute::is_same_v<Out, float>) {
+        if (pair) {  // c even and N % 8 == 0: 8-byte aligned, c + 1 < N
+          *reinterpret_cast<float2*>(dst) = make_float2(acc(i), acc(i + 1));
+          continue;
+        }
+      } else {
+        if (pair) {
+          __nv_bfloat162 v = __floats2bfloat162_rn(acc(i), acc(i + 1));
+          *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+          continue;
+        }
+      }
+      dst[0] = Out(acc(i));
+      const int r1 = get<0>(coord(i + 1)), c1 = get<1>(coord(i + 1));
+      if (r1 < tc.rows && c1 < n_left) d[int64_t(r1) * p.n + c1] = Out(acc(i + 1));
+    }
+  }
+
+  static __device__ void run(const Params& p, char* smem_buf) {
+    using namespace cute;
+    auto& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int wg = cutlass::canonical_warp_group_idx();
+
+    typename Pipeline::Params pp;
+    pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pp.producer_arv_count = kProducerThreads;
+    pp.consumer_arv_count = kMmaThreads;
+    Pipeline pipe(smem.pipeline, pp);
+    __syncthreads();  // barrier initialisation visible to every warpgroup
+
+    const int n_tiles = (p.n + kBN - 1) / kBN;
+    const int k_tiles = (p.k + kBK - 1) / kBK;
+    const int total = __ldg(p.tile_start + p.num_groups);
+
+    if (wg == 0) {
+      PipeState state = cutlass::make_producer_start_state<Pipeline>();
+      const int tid = threadIdx.x;
+      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        load_tile(p, locate(p, tile, n_tiles), pipe, state, smem.tensors, tid, k_tiles);
+      }
+      pipe.producer_tail(state);  // the consumers release every stage before the CTA exits
+    } else {
+      Mainloop mainloop;
+      PipeState state;
+      const int mma_tid = threadIdx.x - kProducerThreads;
+      typename Mainloop::Params unused{};
+      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
+        mainloop.mma(pipe, state, acc, k_tiles, mma_tid, smem.tensors, unused);
+        mainloop.mma_tail(pipe, state, k_tiles);
+        state.advance(k_tiles);
+        // Only the epilogue needs the tile's rows: locate it after the mainloop started.
+        store_tile(p, locate(p, tile, n_tiles), acc, mma_tid);
+      }
+    }
+  }
+};
+
+template <class G>
+__global__ void __launch_bounds__(G::kThreads, 1)
+    gather_gemm_kernel(const __grid_constant__ typename G::Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem_buf[];
+  G::run(p, smem_buf);
+#endif
+}
+
+// tile_start[e] = Σ_{g<e} ceil(rows_g / bm) · n_tiles, tile_start[E] = total; one block.
+constexpr int kScanThreads = 256;
+__global__ void __launch_bounds__(kScanThreads)
+    tile_prefix_kernel(const int32_t* offsets, int num_groups, int bm, int n_tiles,
+                       int32_t* tile_start) {
+  using Scan = cub::BlockScan<int32_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int32_t carry = 0;
+  for (int base = 0; base < num_groups; base += kScanThreads) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    int32_t tiles = 0;
+    if (e < num_groups) {
+      const int32_t rows = max(offsets[e + 1] - offsets[e], 0);
+      tiles = (rows + bm - 1) / bm * n_tiles;
+    }
+    int32_t before, chunk_total;
+    Scan(tmp).ExclusiveSum(tiles, before, chunk_total);
+    if (e < num_groups) tile_start[e] = carry + before;
+    carry += chunk_total;
+    __syncthreads();  // TempStorage is reused by the next chunk
+  }
+  if (threadIdx.x == 0) tile_start[num_groups] = carry;
+}
+
+constexpr size_t kWsAlign = 256;
+
+// SMs of the current device, queried once per device (the persistent grid size).
+inline int sm_count() {
+  int device = 0;
+  cudaGetDevice(&device);
+  static thread_local int cached_device = -1, cached_sms = 0;
+  if (device != cached_device) {
+    cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, device);
+    cached_device = device;
+  }
+  return cached_sms > 0 ? cached_sms : 1;
+}
+
+template <class G>
+struct Launcher {
+  static size_t workspace_bytes(int e) {
+    return (size_t(e + 1) * sizeof(int32_t) + kWsAlign - 1) / kWsAlign * kWsAlign;
+  }
+
+  static std::string run(const GroupedGemmParams& p, cudaStream_t stream) {
+    if (p.num_groups < 1) return "need at least one group";
+    if (p.workspace_bytes < workspace_bytes(p.num_groups)) {
+      return "workspace too small: " + std::to_string(p.workspace_bytes) + " < " +
+             std::to_string(workspace_bytes(p.num_groups)) + " bytes";
+    }
+    auto* tile_start = static_cast<int32_t*>(p.workspace);
+    const int n_tiles = (p.n + G::kBN - 1) / G::kBN;
+    tile_prefix_kernel<<<1, kScanThreads, 0, stream>>>(p.group_offsets, p.num_groups, G::kBM,
+                                                       n_tiles, tile_start);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("tile prefix kernel: ") + cudaGetErrorString(err);
+
+    typename G::Params kp;
+    kp.src = static_cast<const Bf16*>(p.a);
+    kp.gather_idx = p.gather_idx;
+    kp.b = static_cast<const Bf16*>(p.b);
+    kp.d = static_cast<typename G::OutType*>(p.d);
+    kp.group_offsets = p.group_offsets;
+    kp.tile_start = tile_start;
+    kp.num_groups = p.num_groups;
+    kp.n = p.n;
+    kp.k = p.k;
+    kp.src_rows = p.src_rows;
+
+    auto kernel = gather_gemm_kernel<G>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               G::kSmemBytes);
+    if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
+    // Persistent: one CTA per SM (the stages fill shared memory); CTAs past the last tile exit.
+    const int grid = sm_count();
+    kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("gather GEMM launch: ") + cudaGetErrorString(err);
+    return {};
+  }
+};
+
+}  // namespace gather
+
+namespace detail {
+template <class Config>
+using GatherNN = gather::Launcher<gather::GatherGemm<false, cutlass::bfloat16_t, Config>>;
+template <class Config>
+using GatherNT = gather::Launcher<gather::GatherGemm<true, float, Config>>;
+}  // namespace detail
+using namespace detail;
+using gather::GatherCoop128x128;
+using gather::GatherCoop128x256;
+
+// kVarlenMGatherNNBf16: up_proj (x rows gathered, W1_e (K, N), bf16 H).
+template <class Fn>
+static bool dispatch_gather_nn(int config, Fn fn) {
+  switch (config) {
+    case 4: fn(GatherNN<GatherCoop128x128>{}); return true;
+    case 5: fn(GatherNN<GatherCoop128x256>{}); return true;
+    default: return false;
+  }
+}
+
+// kVarlenMGatherNTF32: dh (dO rows gathered, W2_e (N, K) used transposed, fp32 dA').
+template <class Fn>
+static bool dispatch_gather_nt(int config, Fn fn) {
+  switch (config) {
+    case 4: fn(GatherNT<GatherCoop128x128>{}); return true;
+    case 5: fn(GatherNT<GatherCoop128x256>{}); return true;
+    default: return false;
+  }
+}
+
+size_t varlen_m_gather_workspace_bytes(bool nt_f32, int config, int num_groups) {
+  size_t bytes = 0;
+  auto query = [&](auto g) { bytes = g.workspace_bytes(num_groups); };
+  if (nt_f32) dispatch_gather_nt(config, query); else dispatch_gather_nn(config, query);
+  return bytes;
+}
+
+std::string run_varlen_m_gather(bool nt_f32, int config, const GroupedGemmParams& p,
+                                cudaStream_t stream) {
+  if (p.gather_idx == nullptr) return "varlen-M gather: no gather indices";
+  std::string err;
+  auto launch = [&](auto g) { err = g.run(p, stream); };
+  const bool found = nt_f32 ? dispatch_gather_nt(config, launch)
+                            : dispatch_gather_nn(config, launch);
+  if (!found) return unsupported_config("varlen-M gather", config);
+  return err;
+}
+
+}  // namespace sonic
