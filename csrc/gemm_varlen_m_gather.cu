@@ -4,6 +4,9 @@
 // gather_idx) and of B_e with cp.async (zero-fill for rows past the group end and for the N / K
 // residues) into the swizzled shared-memory stages that CUTLASS's cp.async GMMA mainloop
 // (MainloopSm90CpAsyncGmmaWarpSpecialized) consumes; its `mma` runs on two consumer warpgroups.
+// cp.async writes shared memory through the generic proxy and WGMMA reads it through the async
+// proxy, so a stage is published only after the producer thread waited for its copies and
+// issued fence.proxy.async (one stage later than it was issued, keeping two stages in flight).
 // The kernel is persistent over a linear tile index: a metadata kernel in the same call turns
 // group_offsets into per-expert tile prefixes (workspace), and every warpgroup maps a tile id to
 // (expert, M block, N block) by binary search on them. Nothing is read on the host.
@@ -22,7 +25,7 @@ using Bf16 = cutlass::bfloat16_t;
 
 // Tile schedules of the gather kinds (sonic::GemmConfig 4 and 5). Cooperative: the two consumer
 // warpgroups split the M rows of one tile. No setmaxnreg: all 384 threads fit in 168 registers
-// without spills (ptxas: 156-158 for 128x256), while taking the producer down to 40 spilled.
+// without spills (ptxas: 154-160 for 128x256), while taking the producer down to 40 spilled.
 struct GatherCoop128x128 {
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
 };
@@ -108,10 +111,39 @@ struct GatherGemm {
     return {lo, start, min(kBM, end - start), (local - m_blk * n_tiles) * kBN};
   }
 
+  // Producer-side publication of filled stages. A stage's copies are one cp.async group; it is
+  // published (full-barrier arrive) once the group after it has been issued, after waiting for
+  // it and fencing, so that each thread keeps kLag + 1 stages of copies in flight. kLag must be
+  // <= stages - 2: the consumers release stage s only after consuming stage s + 1.
+  static constexpr int kLag = 1;
+  static_assert(Pipeline::Stages >= kLag + 2, "too few stages for the publication lag");
+
+  struct Publisher {
+    PipeState next;   // oldest filled stage not yet published
+    int pending = 0;  // filled stages not yet published
+
+    __device__ void filled(Pipeline& pipe) {
+      cute::cp_async_fence();  // close this stage's group
+      if (++pending > kLag) {
+        cute::cp_async_wait<kLag>();             // this thread's copies of `next` landed
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> WGMMA reads
+        pipe.producer_commit(next);
+        ++next;
+        --pending;
+      }
+    }
+
+    __device__ void flush(Pipeline& pipe) {
+      cute::cp_async_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      for (; pending > 0; --pending, ++next) pipe.producer_commit(next);
+    }
+  };
+
   // Producer warpgroup: fills one stage per K block, A through gather_idx, B from B_e.
   static __device__ void load_tile(const Params& p, const TileCoord& tc, Pipeline& pipe,
-                                   PipeState& state, typename Mainloop::TensorStorage& smem,
-                                   int tid, int k_tiles) {
+                                   PipeState& state, Publisher& pub,
+                                   typename Mainloop::TensorStorage& smem, int tid, int k_tiles) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
@@ -173,8 +205,7 @@ struct GatherGemm {
           cp_async_16(&sB(c, kk, stage), ok ? b_base + j * b_step : p.b, ok);
         }
       }
-      // The stage completes when every producer thread's copies have landed.
-      pipe.producer_commit(state, cutlass::arch::cpasync_barrier_arrive);
+      pub.filled(pipe);
       ++state;
     }
   }
@@ -233,10 +264,12 @@ struct GatherGemm {
 
     if (wg == 0) {
       PipeState state = cutlass::make_producer_start_state<Pipeline>();
+      Publisher pub{state};
       const int tid = threadIdx.x;
       for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        load_tile(p, locate(p, tile, n_tiles), pipe, state, smem.tensors, tid, k_tiles);
+        load_tile(p, locate(p, tile, n_tiles), pipe, state, pub, smem.tensors, tid, k_tiles);
       }
+      pub.flush(pipe);
       pipe.producer_tail(state);  // the consumers release every stage before the CTA exits
     } else {
       Mainloop mainloop;

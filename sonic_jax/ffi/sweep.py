@@ -9,7 +9,10 @@ next to an XLA dense matmul of the same total shape; the up_proj entry point as 
 it (fp32 accumulator + SwiGLU kernel) and as now (bf16 H from the GEMM); then the layer forward
 and forward+backward (``sonic_jax.moe(..., backend="ffi")``) with the kinds' default schedules
 and with the fastest schedule of each GEMM (--layer-only: the layer with the table as it
-is). Prints the ``MEASURED`` entries for schedules.py.
+is). The opt-in fused gather (``FfiKernels(fused_gather=True)``, GitHub issue #5): the gathered
+up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA grouped GEMM
+(checked against it), and the layer with fused_gather=True (also with --layer-only).
+Prints the ``MEASURED`` entries for schedules.py.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
@@ -28,6 +31,7 @@ import sonic_jax
 from sonic_jax import experts
 from sonic_jax.bench.timing import compile_and_time
 from sonic_jax.ffi import ops, schedules
+from sonic_jax.ffi.backend import FfiKernels
 from sonic_jax.ffi.schedules import GemmKind
 from sonic_jax.routing import route_logits
 
@@ -49,7 +53,10 @@ def _rel(a, b) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def run_config(t, d, n, e, k, iters, sweep=True):
+def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
+  """One (T, d, n, E, K): sweep (every schedule) or only the layer; fused_only: the fused-gather
+  GEMMs against gather_rows + GEMM and the layer with and without the fused gather."""
+  full = sweep and not fused_only
   ks = jax.random.split(jax.random.key(0), 8)
   plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
   rows = int(plan.group_offsets[-1])
@@ -86,7 +93,7 @@ def run_config(t, d, n, e, k, iters, sweep=True):
   ]
   out, best = [], {}
   valid = np.arange(plan.capacity) < rows
-  for name, kind, args, dims, fd, dargs, flops in (cases if sweep else []):
+  for name, kind, args, dims, fd, dargs, flops in (cases if full else []):
     ms_d, timer_d, _ = gpu_ms(fd, *dargs, iters=iters)
     ref = None
     timings = {}
@@ -110,6 +117,38 @@ def run_config(t, d, n, e, k, iters, sweep=True):
         timings.pop(cfg)
     best[(kind, *dims)] = min(timings, key=timings.get)
 
+  # Fused gather (issue #5): the GEMM reads rows through gather_idx vs gather_rows + TMA GEMM.
+  fused_cases = [
+      ("up_proj gather·W1 (bf16 H)", GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_GATHER_NN_BF16,
+       x, w1, (2 * n, d), 2 * rows * d * 2 * n),
+      ("dh gather·W2ᵀ (fp32)", GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_M_GATHER_NT_F32,
+       dout, w2, (n, d), 2 * rows * d * n),
+  ]
+  for name, plain, fused, src, w, dims, flops in (fused_cases if sweep or fused_only else []):
+    f_sep = jax.jit(lambda s_, i, w_, o, kd=plain: ops.grouped_gemm(ops.gather_rows(s_, i, o), w_,
+                                                                     o, kd))
+    ms_sep, timer_sep, ref = gpu_ms(f_sep, src, plan.gather_idx, w, offs, iters=iters)
+    ref = ref[valid]
+    print(f"  {name:26s} gather_rows + {schedules.pick(plain, *dims).name:26s} {ms_sep:7.3f} ms "
+          f"{flops / ms_sep / 1e9:5.0f} TF/s", flush=True)
+    timings = {}
+    for cfg in schedules.INSTANTIATED[fused]:
+      f = jax.jit(lambda s_, i, w_, o, c=int(cfg), kd=fused: ops.gathered_grouped_gemm(
+          s_, i, w_, o, kd, config=c))
+      ms, timer, res = gpu_ms(f, src, plan.gather_idx, w, offs, iters=iters)
+      err = _rel(res[valid], ref)
+      out.append(dict(kind="fused_gather", name=name, config=cfg.name, ffi_ms=ms,
+                      separate_ms=ms_sep, ffi_tflops=flops / ms / 1e9, speedup=ms_sep / ms,
+                      rel_err_vs_separate=err, timer=timer, separate_timer=timer_sep))
+      print(f"  {name:26s} fused {cfg.name:34s} {ms:7.3f} ms {flops / ms / 1e9:5.0f} TF/s | "
+            f"x{ms_sep / ms:.2f} vs separate | err {err:.1e}", flush=True)
+      if not err < 1e-2:
+        print(f"  !! {name} {cfg.name} disagrees with gather_rows + GEMM (rel err {err})")
+      else:
+        timings[cfg] = ms
+    if timings:
+      best[(fused, *dims)] = min(timings, key=timings.get)
+
   # up_proj entry point: session 1 (fp32 accumulator, SwiGLU kernel reading it) vs now.
   def up_v1(x, w1, plan):
     acc = ops.grouped_gemm(ops.gather_rows(x, plan.gather_idx, plan.group_offsets), w1,
@@ -121,7 +160,7 @@ def run_config(t, d, n, e, k, iters, sweep=True):
                          plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)
     return h, ops.swiglu_from_h(h, plan.group_offsets)
 
-  if sweep:
+  if full:
     (h1, a1), (h2, a2) = jax.jit(up_v1)(x, w1, plan), jax.jit(up_v2)(x, w1, plan)
     errs = dict(h=_rel(h2[valid], h1[valid]), a=_rel(a2[valid], a1[valid]))
     for name, f in (("entry up_proj v1 (fp32 acc)", up_v1), ("entry up_proj v2 (bf16 H)", up_v2)):
@@ -133,7 +172,7 @@ def run_config(t, d, n, e, k, iters, sweep=True):
 
   router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
   saved = dict(schedules.MEASURED)
-  for table in (("default", "swept") if sweep else ("table",)):
+  for table in (("default", "swept") if full else ("table",)):
     if table == "default":
       schedules.MEASURED.clear()
     elif table == "swept":
@@ -152,6 +191,18 @@ def run_config(t, d, n, e, k, iters, sweep=True):
       print(f"  {name:14s} [{table:7s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
   schedules.MEASURED.clear()
   schedules.MEASURED.update(saved)
+  # The layer with the fused gather (opt-in) under the table as it is.
+  jax.clear_caches()
+  experts._expert_block.cache_clear()
+  fused_k = FfiKernels(fused_gather=True)
+  moe_f = lambda x, r, w1, w2: sonic_jax.moe(x, r, w1, w2, top_k=k, backend=fused_k)
+  for name, f, flops in (("layer fwd", moe_f, 6 * t * k * d * n),
+                         ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe_f(*a).astype(f32)),
+                                                    argnums=(0, 1, 2, 3)), 18 * t * k * d * n)):
+    ms, timer, _ = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)
+    out.append(dict(kind="layer", name=name, table="fused_gather", ffi_ms=ms,
+                    ffi_tflops=flops / ms / 1e9, timer=timer))
+    print(f"  {name:14s} [fused_gather] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
   picks = {f"({k[0].name}, {k[1]}, {k[2]})": v.name for k, v in best.items()}
   print("  MEASURED entries:", picks)
   return out, picks
@@ -165,13 +216,17 @@ def main(argv=None):
   ap.add_argument("--json", default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the layer timings with the current schedules table")
+  ap.add_argument("--fused-gather-only", action="store_true",
+                  help="only the fused-gather GEMMs vs gather_rows + GEMM, and the layer with "
+                       "and without FfiKernels(fused_gather=True)")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   report = dict(device=dev.device_kind, jax=jax.__version__, iters=args.iters, results=[])
   for cfg in args.configs:
     t, d, n, e, k = map(int, cfg.split(","))
     print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
-    rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only)
+    rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
+                             fused_only=args.fused_gather_only)
     report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k), rows=rows,
                                   picks=picks))
     if args.json:  # after every config, so a timeout keeps what finished
