@@ -258,10 +258,8 @@ def bench(shape, iters, results, only="all"):
       "wgrad fused gather (wgrad_config_for)": (wgrad_config_for(d, 2 * n, gather="fused"),
                                                 wgrad_config_for(n, d, gather="fused")),
       "wgrad fused gather 2wg 128x256 / 256x128 s3": (
-          WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
-                      gather="fused", num_compute_wgs=2),
-          WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
-                      gather="fused", num_compute_wgs=2)),
+          wgrad_config_for(d, 2 * n, gather="fused", gathered="lhs"),
+          wgrad_config_for(n, d, gather="fused", gathered="rhs")),
       "wgrad fused gather 128x128x64 s4 gbn1": (WgradConfig(max_concurrent_steps=4,
                                                             gather="fused"),) * 2,
   }

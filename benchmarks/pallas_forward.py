@@ -247,8 +247,9 @@ def run_config(name, shape, args, log):
            vs_paper=tf / paper_tf if paper_tf else float("nan"))
 
   # Whole layer forward + backward (sonic_jax.moe under jax.vjp, FLOPs 18·TK·d·n) with the
-  # backward's gathers by XLA (the default) or fused into dh / dw1 / dw2; the compiled program's
-  # temporary bytes; gradients checked against the default variant's.
+  # backward's gathers by XLA ("xla-gathers", named "default" in session 5's records, before
+  # backward_gathers="auto" existed) or fused into dh / dw1 / dw2; the compiled program's
+  # temporary bytes; gradients checked against the XLA-gather variant's.
   ct = jax.random.normal(jax.random.key(6), (t, d), jnp.float32).astype(jnp.bfloat16)
   train_ref = {}
 
@@ -275,15 +276,13 @@ def run_config(name, shape, args, log):
 
   def train_variants():
     from sonic_jax.pallas.dh import dh_config_for
-    from sonic_jax.pallas.wgrad import WgradConfig, wgrad_config_for
+    from sonic_jax.pallas.wgrad import wgrad_config_for
     fw = dict(dw1=wgrad_config_for(d, 2 * n, gather="fused"),
               dw2=wgrad_config_for(n, d, gather="fused"))
-    out = [("default", PallasKernels())]
-    if (2 * n) % 256 == 0 and d % 256 == 0:  # two consumer warpgroups (WgradConfig docs)
-      fw2 = dict(dw1=WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
-                                 gather="fused", num_compute_wgs=2),
-                 dw2=WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
-                                 gather="fused", num_compute_wgs=2))
+    out = [("xla-gathers", PallasKernels(backward_gathers="xla"))]
+    if n % 256 == 0 and d % 128 == 0:  # where wgrad_config_for picks two consumer warpgroups
+      fw2 = dict(dw1=wgrad_config_for(d, 2 * n, gather="fused", gathered="lhs"),
+                 dw2=wgrad_config_for(n, d, gather="fused", gathered="rhs"))
       out.append(("fused-wgrad-2wg", PallasKernels(config=cfgs.ForwardConfig(**fw2))))
       out.append(("fused-bwd-2wg", PallasKernels(config=cfgs.ForwardConfig(
           dh=dh_config_for(d, n, gather="fused"), **fw2))))

@@ -64,15 +64,18 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"backend='ffi' needs 1 <= plan capacity <= 2**31 - 1 (int32 group "
                        f"offsets), got {plan.capacity}")
 
-  def up_proj(self, x, w1, plan, *, inference=False):
+  def _gathered_gemm(self, src, w, plan, kind, fused_kind):
+    """src[gather_idx] · w[e] per group: in one GEMM reading src's rows through gather_idx
+    (``fused_kind``) with ``fused_gather``, else gather_rows then the ``kind`` GEMM."""
     offs = plan.group_offsets
     if self.fused_gather:
-      h = ops.gathered_grouped_gemm(x, plan.gather_idx, w1, offs,
-                                    GemmKind.VARLEN_M_GATHER_NN_BF16)
-    else:
-      xg = ops.gather_rows(x, plan.gather_idx, offs)
-      h = ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_BF16)
-    a = ops.swiglu_from_h(h, offs)
+      return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind)
+    return ops.grouped_gemm(ops.gather_rows(src, plan.gather_idx, offs), w, offs, kind)
+
+  def up_proj(self, x, w1, plan, *, inference=False):
+    h = self._gathered_gemm(x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
+                            GemmKind.VARLEN_M_GATHER_NN_BF16)
+    a = ops.swiglu_from_h(h, plan.group_offsets)
     return (None if inference else h), a
 
   def down_proj(self, a, w2, plan):
@@ -83,14 +86,9 @@ class FfiKernels(ExpertKernels):
     return out.astype(out_dtype)
 
   def dh(self, dout, w2, h, scores_grouped, plan):
-    offs = plan.group_offsets
-    if self.fused_gather:
-      da = ops.gathered_grouped_gemm(dout, plan.gather_idx, w2, offs,
-                                     GemmKind.VARLEN_M_GATHER_NT_F32)
-    else:
-      dog = ops.gather_rows(dout, plan.gather_idx, offs)
-      da = ops.grouped_gemm(dog, w2, offs, GemmKind.VARLEN_M_NT_F32)
-    return ops.dswiglu(da, h, scores_grouped, offs)
+    da = self._gathered_gemm(dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
+                             GemmKind.VARLEN_M_GATHER_NT_F32)
+    return ops.dswiglu(da, h, scores_grouped, plan.group_offsets)
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets

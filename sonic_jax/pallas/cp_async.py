@@ -12,7 +12,10 @@ for pre-Hopper GPUs, so these helpers emit it through ``plgpu.inline_mgpu``:
   thread's copies have landed, without the producer ever waiting for its own loads;
 * ``wait_gathered``: a consumer's wait for that phase (its parity is known from the step count),
   then a generic -> async proxy fence, so the wgmma (async proxy) reads what cp.async (generic
-  proxy) wrote.
+  proxy) wrote;
+* ``wait_stage`` / ``drain_releases``: the consumer's wait for a ring step and the producer's
+  final wait for the consumers' releases, shared by the kernels whose ring runs across tiles
+  (grouped_gemm's, dh's and wgrad's).
 
 These mbarriers are plain 8-byte SMEM words (``barrier_scratch``), not Pallas barriers: inline
 Mosaic GPU code cannot take a Pallas barrier as an argument.
@@ -33,6 +36,7 @@ CPU tests; only the cp.async instructions themselves are GPU-only.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -48,6 +52,17 @@ def swizzle_bytes(block_k: int, itemsize: int) -> int:
     raise ValueError(f"gather='fused' needs block_k * itemsize to be 32, 64 or a multiple of "
                      f"128 bytes, got block_k={block_k} ({row} bytes)")
   return sw
+
+
+def gather_row_ok(block_k: int, itemsize: int) -> bool:
+  """Whether ``issue_gather`` can copy (·, block_k) tiles: the row's bytes are 32, 64 or a
+  multiple of 128 (``swizzle_bytes``) and divide one pass of 16-byte chunks over 128 threads."""
+  row = block_k * itemsize
+  try:
+    swizzle_bytes(block_k, itemsize)
+  except ValueError:
+    return False
+  return (WARPGROUP * CHUNK_BYTES) % row == 0
 
 
 def a_transforms(block_k: int, itemsize: int):
@@ -205,3 +220,23 @@ def wait_gathered(bars, *, slot, parity, interpret: bool) -> None:
     nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
 
   _wait(bars, slot, parity)
+
+
+def wait_stage(full, full_gathered, *, g, slots: int, interpret: bool):
+  """Consumer side of step ``g`` of a cross-tile ring of ``slots`` stages: waits for the stage's
+  TMA barrier ``full`` and, when it also holds gathered rows (``full_gathered`` not None), for
+  their cp.async barrier (phase parity (g // slots) % 2). Returns the slot, g % slots."""
+  slot = lax.rem(g, slots)
+  plgpu.barrier_wait(full.at[slot])
+  if full_gathered is not None:
+    wait_gathered(full_gathered, slot=slot, parity=lax.rem(g // slots, 2), interpret=interpret)
+  return slot
+
+
+def drain_releases(empty, total, slots: int) -> None:
+  """Producer side, after its last step: observes the consumers' releases of the last
+  ``slots`` stages of a ring that ran ``total`` steps, so every barrier phase has been awaited
+  when the barriers are freed (the interpreter checks this)."""
+  @pl.loop(jnp.maximum(total - slots, 0), total)
+  def _released(g):
+    plgpu.barrier_wait(empty.at[lax.rem(g, slots)])

@@ -461,11 +461,7 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
 
       total = tiles_loop(tile)
 
-      # Observe the consumer's releases of the last stages too, so every barrier phase has been
-      # awaited when the barriers are freed (the interpreter checks this).
-      @pl.loop(jnp.maximum(total - slots, 0), total)
-      def _released(g):
-        plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
+      cp_async.drain_releases(empty, total, slots)
 
     @pl.when(wg == 0)
     def _consumer():
@@ -489,10 +485,7 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
           @pl.loop(0, k_steps)
           def _k(kk):
             g = g0 + kk
-            slot = lax.rem(g, slots)
-            plgpu.barrier_wait(full_b.at[slot])
-            cp_async.wait_gathered(full_a, slot=slot, parity=lax.rem(g // slots, 2),
-                                   interpret=interp)
+            slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp)
             plgpu.wgmma(acc_ref, a_ring.at[slot], b_ring.at[slot].T)
             plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
 

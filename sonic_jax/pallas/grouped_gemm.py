@@ -468,11 +468,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       total = tiles_loop(tile)
 
-      # Observe the consumers' releases of the last stages too, so every barrier phase has been
-      # awaited when the barriers are freed (the interpreter checks this).
-      @pl.loop(jnp.maximum(total - slots, 0), total)
-      def _released(g):
-        plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
+      cp_async.drain_releases(empty, total, slots)
 
     @pl.when(wg < wgs)
     def _consumers():
@@ -487,11 +483,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
           @pl.loop(0, k_steps)
           def _k(kk):
             g = g0 + kk
-            slot = lax.rem(g, slots)
-            plgpu.barrier_wait(full_b.at[slot])
-            if fused_gather:
-              cp_async.wait_gathered(full_a, slot=slot, parity=lax.rem(g // slots, 2),
-                                     interpret=interp)
+            slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp)
             wgmma_step(acc_refs, a_ring.at[slot], [b_ring.at[slot, j] for j in range(n_rhs)],
                        wg_slice)
             plgpu.wgmma_wait(1)  # step g - 1's wgmmas are done: its stage can be refilled

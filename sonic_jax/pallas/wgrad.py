@@ -165,12 +165,7 @@ def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rh
     field, cols = (("block_m", config.block_m) if gathered == "lhs"
                    else ("block_n", config.block_n))
     row = cols * 2  # bf16 / f16 bytes of one gathered tile row
-    ok = True
-    try:
-      cp_async.swizzle_bytes(cols, 2)
-    except ValueError:
-      ok = False
-    if not ok or (cp_async.WARPGROUP * cp_async.CHUNK_BYTES) % row:
+    if not cp_async.gather_row_ok(cols, 2):
       raise ValueError(
           f"WgradConfig.{field} ({cols}) with gather='fused' must make the gathered tile row "
           f"(the {ln if gathered == 'lhs' else rn} side, {row} bytes) 32, 64 or a multiple of "
@@ -186,6 +181,28 @@ def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rh
     raise ValueError(f"WgradConfig {config} needs {smem_bytes(config)} bytes of SMEM, more "
                      f"than {SMEM_LIMIT}: lower max_concurrent_steps, block_k, block_m or "
                      f"block_n")
+
+
+def _block_meta(plan: RoutingPlan, bk: int) -> jax.Array:
+  """(4, E) int32: first row, end row, block-aligned first row, number of K blocks per expert.
+
+  One freshly built buffer: Mosaic GPU custom calls need 256-byte aligned inputs, and slices of
+  plan.group_offsets are not (measured: "Input buffer 1 is not 256-byte aligned" on H200)."""
+  starts = plan.group_offsets[:-1]
+  ends = plan.group_offsets[1:]
+  block_starts = (starts // bk) * bk
+  num_blocks = jnp.where(ends > starts, (ends + bk - 1) // bk - starts // bk, 0)
+  return jnp.stack([starts, ends, block_starts, num_blocks]).astype(jnp.int32)
+
+
+def _mask_rows(ref, row0, start, end, rows: int, cols: int) -> None:
+  """Zeroes the rows of an SMEM (rows, cols) K block outside [start, end) with a select (not a
+  multiply: padding rows may hold NaN)."""
+  r = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (rows, cols), 0),
+                        plgpu.Layout.WGMMA) + row0
+  keep = (r >= start) & (r < end)
+  v = ref[...]
+  ref[...] = jnp.where(keep, v, jnp.zeros_like(v))
 
 
 def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
@@ -204,10 +221,6 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
   g = plan.num_experts
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   out_dtype = jnp.float32 if config.out_dtype == "float32" else lhs.dtype
-  starts = plan.group_offsets[:-1]
-  ends = plan.group_offsets[1:]
-  block_starts = (starts // bk) * bk
-  num_blocks = jnp.where(ends > starts, (ends + bk - 1) // bk - starts // bk, 0)
   grid_m, grid_n = m // bm, n // bn
   delay = 1 if config.max_concurrent_steps > 1 else 0
 
@@ -229,12 +242,8 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
             # Boundary blocks: zero rows outside [start, end) with a select, so neighbour
             # rows vanish and padding garbage (even NaN) never reaches the accumulator.
             row0 = block_start + k * bk
-            for ref, cols in ((lhs_smem, bm), (rhs_smem, bn)):
-              r = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (bk, cols), 0),
-                                    plgpu.Layout.WGMMA) + row0
-              keep = (r >= start) & (r < end)
-              v = ref[...]
-              ref[...] = jnp.where(keep, v, jnp.zeros_like(v))
+            _mask_rows(lhs_smem, row0, start, end, bk, bm)
+            _mask_rows(rhs_smem, row0, start, end, bk, bn)
             plgpu.commit_smem()
 
           plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
@@ -274,30 +283,7 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret_params(interpret),
   )
-  # One freshly built metadata buffer: Mosaic GPU custom calls need 256-byte aligned inputs,
-  # and slices of plan.group_offsets are not (measured: "Input buffer 1 is not 256-byte
-  # aligned" on H200).
-  meta = jnp.stack([starts, ends, block_starts, num_blocks]).astype(jnp.int32)
-  return kernel(meta, lhs, rhs)
-
-
-def _block_meta(plan: RoutingPlan, bk: int) -> jax.Array:
-  """(4, E) int32: first row, end row, block-aligned first row, number of K blocks per expert."""
-  starts = plan.group_offsets[:-1]
-  ends = plan.group_offsets[1:]
-  block_starts = (starts // bk) * bk
-  num_blocks = jnp.where(ends > starts, (ends + bk - 1) // bk - starts // bk, 0)
-  return jnp.stack([starts, ends, block_starts, num_blocks]).astype(jnp.int32)
-
-
-def _mask_rows(ref, row0, start, end, rows: int, cols: int) -> None:
-  """Zeroes the rows of an SMEM (rows, cols) K block outside [start, end) with a select (not a
-  multiply: padding rows may hold NaN)."""
-  r = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (rows, cols), 0),
-                        plgpu.Layout.WGMMA) + row0
-  keep = (r >= start) & (r < end)
-  v = ref[...]
-  ref[...] = jnp.where(keep, v, jnp.zeros_like(v))
+  return kernel(_block_meta(plan, bk), lhs, rhs)
 
 
 _PRODUCER_REGS = 40  # the TMA + cp.async producer warpgroup
@@ -390,11 +376,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
 
       total = items_loop(item)
 
-      # Observe the consumers' releases of the last stages too, so every barrier phase has been
-      # awaited when the barriers are freed (the interpreter checks this).
-      @pl.loop(jnp.maximum(total - slots, 0), total)
-      def _released(g):
-        plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
+      cp_async.drain_releases(empty, total, slots)
 
     @pl.when(wg < wgs)
     def _consumers():
@@ -408,10 +390,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
           @pl.loop(0, nblocks)
           def _k(k):
             g = g0 + k
-            slot = lax.rem(g, slots)
-            plgpu.barrier_wait(full_t.at[slot])
-            cp_async.wait_gathered(full_g, slot=slot, parity=lax.rem(g // slots, 2),
-                                   interpret=interp)
+            slot = cp_async.wait_stage(full_t, full_g, g=g, slots=slots, interpret=interp)
             t_tile = t_ring.at[slot, wg]
 
             @pl.when((k == 0) | (k == nblocks - 1))
