@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 
 from sonic_jax.bench.timing import Measured, compile_and_time  # noqa: E402
 from sonic_jax.pallas import configs as cfgs  # noqa: E402
+from sonic_jax.pallas import grouped_gemm as gg  # noqa: E402
 from sonic_jax.pallas.backend import PallasKernels  # noqa: E402
 from sonic_jax.routing import route_logits  # noqa: E402
 from sonic_jax.xla_backend import XlaKernels  # noqa: E402
@@ -127,6 +128,23 @@ def variants(d, n, fused: bool):
     out.append((f"{other}-gather", PallasKernels(config=cfgs.ForwardConfig(
         up_proj=cfgs.swiglu_gemm_config(d, n, gather=other)))))
   return out
+
+
+def down_sweep(d, n):
+  """down_proj tilings on the across-tiles ring (``--down-sweep``; GemmConfig.cross_tile)."""
+  base = dataclasses.replace(cfgs.plain_gemm_config(n, d), cross_tile=True)
+  if base.num_compute_wgs != 2:
+    return []
+  out = [("cross-tile", base),
+         ("cross-tile w8", dataclasses.replace(base, grid_tile_width=8)),
+         ("cross-tile swz", dataclasses.replace(base, epilogue_swizzle=True)),
+         ("cross-tile bk64 s3", dataclasses.replace(base, block_k=64, max_concurrent_steps=3))]
+  out = [(name, c) for name, c in out
+         if gg.smem_bytes(c, epilogue="none") <= gg.SMEM_LIMIT and n % c.block_k == 0]
+  dx = dataclasses.replace(cfgs.plain_gemm_config(2 * n, d), cross_tile=True)
+  dx = dx if dx.num_compute_wgs == 2 else None
+  return [(name, PallasKernels(config=cfgs.ForwardConfig(
+      down_proj=c, dx_pairs=dx if name == "cross-tile" else None))) for name, c in out]
 
 
 def fused_sweep(d, n):
@@ -313,6 +331,11 @@ def run_config(name, shape, args, log):
   if args.fused_sweep and "up" in parts:
     for vname, kv in fused_sweep(d, n):
       guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
+  if args.down_sweep:
+    for vname, kv in down_sweep(d, n):
+      guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
+      if vname == "cross-tile" and "dx" in parts:
+        guarded(f"dx_pairs[{vname}]", lambda: dx(kv, vname))
   if "train" in parts:
     for vname, kv in train_variants():
       guarded(f"train[{vname}]", lambda: train(kv, vname))
@@ -429,6 +452,9 @@ def main():
   ap.add_argument("--skip-check", action="store_true")
   ap.add_argument("--train-all", action="store_true",
                   help="train part: also the single-consumer fused wgrad variants")
+  ap.add_argument("--down-sweep", action="store_true",
+                  help="also time down_proj on the across-tiles ring (GemmConfig.cross_tile) "
+                       "with a few tilings")
   ap.add_argument("--fused-sweep", action="store_true",
                   help="also time a few other fused-gather up_proj tilings")
   args = ap.parse_args()

@@ -381,6 +381,9 @@ LOWERING_VARIANTS = [
     ("down_cross_tile", "down", 256, 128, dict(block_n=128, block_k=32, max_concurrent_steps=6,
                                                num_compute_wgs=2, grid_tile_width=16,
                                                cross_tile=True)),
+    ("down_cross_tile_swizzled_bk64", "down", 256, 128, dict(
+        block_n=128, block_k=64, max_concurrent_steps=3, num_compute_wgs=2,
+        epilogue_swizzle=True, cross_tile=True)),
     ("dx_pairs_cross_tile", "dx", 256, 64, dict(block_n=128, block_k=32, max_concurrent_steps=6,
                                                 num_compute_wgs=2, cross_tile=True)),
     ("up_xla_gather_cross_tile", "up", 256, 128, dict(block_n=64, block_k=32,
