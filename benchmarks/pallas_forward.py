@@ -138,23 +138,34 @@ def down_sweep(d, n):
   out = [("cross-tile", base),
          ("cross-tile w8", dataclasses.replace(base, grid_tile_width=8)),
          ("cross-tile swz", dataclasses.replace(base, epilogue_swizzle=True)),
-         ("cross-tile bk64 s3", dataclasses.replace(base, block_k=64, max_concurrent_steps=3))]
+         ("cross-tile bk64 s3", dataclasses.replace(base, block_k=64, max_concurrent_steps=3)),
+         # Each consumer warpgroup 64 rows x 256 columns (m64n256 wgmmas), CTA tile 128 x 256.
+         ("cross-tile split-m", dataclasses.replace(base, block_n=2 * base.block_n,
+                                                     wg_split="m")),
+         ("cross-tile split-m swz", dataclasses.replace(base, block_n=2 * base.block_n,
+                                                         wg_split="m", epilogue_swizzle=True))]
   out = [(name, c) for name, c in out
          if gg.smem_bytes(c, epilogue="none") <= gg.SMEM_LIMIT and n % c.block_k == 0]
   dx = dataclasses.replace(cfgs.plain_gemm_config(2 * n, d), cross_tile=True)
-  dx = dx if dx.num_compute_wgs == 2 else None
-  return [(name, PallasKernels(config=cfgs.ForwardConfig(
-      down_proj=c, dx_pairs=dx if name == "cross-tile" else None))) for name, c in out]
+  dxs = {"cross-tile": dx,
+         "cross-tile split-m": dataclasses.replace(dx, block_n=2 * dx.block_n, wg_split="m")}
+  if dx.num_compute_wgs != 2:
+    dxs = {}
+  return [(name, PallasKernels(config=cfgs.ForwardConfig(down_proj=c, dx_pairs=dxs.get(name))))
+          for name, c in out]
 
 
 def fused_sweep(d, n):
   """Extra fused-gather up_proj tilings (``--fused-sweep``) around the heuristic's."""
   base = cfgs.swiglu_gemm_config(d, n, gather="fused")
   out = []
-  if base.num_compute_wgs == 2 and d % 64 == 0:
-    out.append(("fused bk64 s3", dataclasses.replace(base, block_k=64, max_concurrent_steps=3)))
-  out.append(("fused w16", dataclasses.replace(base, grid_tile_width=16)))
-  out.append(("fused w4", dataclasses.replace(base, grid_tile_width=4)))
+  if base.num_compute_wgs == 2 and n % (2 * base.block_n) == 0:
+    # Each consumer warpgroup 64 rows x 2 x 128 columns: m64n128 wgmmas, A read once per acc.
+    out.append(("fused split-m", dataclasses.replace(base, block_n=2 * base.block_n,
+                                                     wg_split="m")))
+    out.append(("fused split-m w8", dataclasses.replace(base, block_n=2 * base.block_n,
+                                                        wg_split="m", grid_tile_width=8)))
+  # (session 4 measured bk64 s3, snake widths 4 and 16 here; width 16 became the default)
   return [(name, PallasKernels(config=cfgs.ForwardConfig(up_proj=c))) for name, c in out]
 
 
@@ -334,7 +345,7 @@ def run_config(name, shape, args, log):
   if args.down_sweep:
     for vname, kv in down_sweep(d, n):
       guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
-      if vname == "cross-tile" and "dx" in parts:
+      if vname in ("cross-tile", "cross-tile split-m") and "dx" in parts:
         guarded(f"dx_pairs[{vname}]", lambda: dx(kv, vname))
   if "train" in parts:
     for vname, kv in train_variants():

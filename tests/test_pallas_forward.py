@@ -259,6 +259,51 @@ def test_cross_tile_ring_matches_xla(wgs, stages, block_k, d, n):
   assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
 
 
+# (case, gather, stages, block_k, d, n): wg_split="m", each consumer warpgroup owns 64 of the
+# tile's 128 rows; groups shorter than 64 rows leave one warpgroup's half empty or split across
+# the halves, one expert with every token gives full halves (the swizzled store).
+SPLIT_M_CASES = [
+    ("straddle_e5", "fused", 3, 64, 64, 64),
+    ("empty_experts", "fused", 4, 32, 128, 64),
+    ("one_expert_all_tokens", "fused", 2, 64, 64, 128),
+    ("straddle_e5", "xla", 3, 64, 64, 64),
+    ("one_expert_all_tokens", "xla", 4, 32, 128, 64),
+]
+
+
+@pytest.mark.parametrize("name,gather,stages,block_k,d,n", SPLIT_M_CASES)
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_split_m_ring_matches_xla(name, gather, stages, block_k, d, n, swizzle):
+  """GemmConfig(wg_split="m") on the ring kernels: up_proj (fused gather, or the cross-tile
+  ring after an XLA gather), down_proj and dx_pairs (cross-tile); H, A, Y, dx against xla."""
+  ring = dict(block_m=128, block_n=32, num_compute_wgs=2, wg_split="m", block_k=block_k,
+              max_concurrent_steps=stages, epilogue_swizzle=swizzle)
+  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
+  plain = GemmConfig(cross_tile=True, **ring)
+  kern = PallasKernels(interpret=True,
+                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
+  plan = _case(name)
+  _check_up_down(kern, plan, d, n)
+  dh = tokens(plan.capacity, 2 * n, seed=5)
+  w1, _ = weights(plan.num_experts, d, n)
+  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
+def test_split_m_config_rules():
+  with pytest.raises(ValueError, match="wg_split='m' needs num_compute_wgs=2"):
+    GemmConfig(wg_split="m", num_compute_wgs=2, block_m=128)  # no ring kernel
+  with pytest.raises(ValueError, match="wg_split='m' needs"):
+    GemmConfig(wg_split="m", num_compute_wgs=1, block_m=128, cross_tile=True)
+  with pytest.raises(ValueError, match="wg_split must be"):
+    GemmConfig(wg_split="k")
+  cfg = GemmConfig(wg_split="m", num_compute_wgs=2, block_m=128, block_n=128, cross_tile=True)
+  assert cfg.block_n_cta == 128 and cfg.block_m_wg == 64
+  from sonic_jax.pallas.grouped_gemm import validate_gemm
+  with pytest.raises(ValueError, match=r"multiple of block_n \(wg_split='m'\) \(128"):
+    validate_gemm(256, 256, 192, cfg, epilogue="none", what="gemm")
+  validate_gemm(256, 256, 128, cfg, epilogue="none", what="gemm")
+
+
 def test_validate_rejects_untileable_shapes():
   plan = _case("straddle_e5")
   kern = PallasKernels(interpret=True)
@@ -384,6 +429,15 @@ LOWERING_VARIANTS = [
     ("down_cross_tile_swizzled_bk64", "down", 256, 128, dict(
         block_n=128, block_k=64, max_concurrent_steps=3, num_compute_wgs=2,
         epilogue_swizzle=True, cross_tile=True)),
+    ("up_fused_gather_split_m", "up", 256, 128, dict(
+        block_n=128, block_k=32, max_concurrent_steps=4, num_compute_wgs=2, gather="fused",
+        epilogue_swizzle=True, wg_split="m")),
+    ("down_cross_tile_split_m", "down", 256, 256, dict(
+        block_n=256, block_k=32, max_concurrent_steps=4, num_compute_wgs=2, cross_tile=True,
+        epilogue_swizzle=True, wg_split="m")),
+    ("dx_pairs_cross_tile_split_m", "dx", 256, 128, dict(
+        block_n=256, block_k=32, max_concurrent_steps=4, num_compute_wgs=2, cross_tile=True,
+        wg_split="m")),
     ("dx_pairs_cross_tile", "dx", 256, 64, dict(block_n=128, block_k=32, max_concurrent_steps=6,
                                                 num_compute_wgs=2, cross_tile=True)),
     ("up_xla_gather_cross_tile", "up", 256, 128, dict(block_n=64, block_k=32,

@@ -54,6 +54,12 @@ class GemmConfig:
   ``emit_pipeline_warp_specialized`` restarted per tile, whose producer waits for the end of each
   tile before loading the next. Opt-in until measured on a GPU (interpret and lowering tests
   only); implies the warp-specialized layout (num_compute_wgs consumers + 1 producer).
+  wg_split: how two consumer warpgroups share the CTA tile. "n" (default): each owns block_n
+  columns of all block_m rows (CTA tile block_m x 2·block_n). "m": each owns block_m / 2 rows
+  of all block_n columns (CTA tile block_m x block_n), so each wgmma is m64 x block_n and the
+  A tile is read once per warpgroup and accumulator instead of twice: with SwiGLU's two
+  accumulators, 64 x 128 (x2) per warpgroup instead of 128 x 64 (x2) at the same register
+  count. Only on the ring kernels (gather="fused" or cross_tile) with 2 consumers, block_m 128.
   """
 
   block_m: int = 128
@@ -66,6 +72,17 @@ class GemmConfig:
   epilogue_swizzle: bool = False
   num_sms: int | None = None
   cross_tile: bool = False
+  wg_split: Literal["n", "m"] = "n"
+
+  @property
+  def block_n_cta(self) -> int:
+    """Output columns of one CTA tile."""
+    return self.block_n * (self.num_compute_wgs if self.wg_split == "n" else 1)
+
+  @property
+  def block_m_wg(self) -> int:
+    """Rows of one consumer warpgroup's accumulators."""
+    return self.block_m // (self.num_compute_wgs if self.wg_split == "m" else 1)
 
   def __post_init__(self):
     if self.block_m not in (64, 128):
@@ -84,6 +101,14 @@ class GemmConfig:
       raise ValueError(f"GemmConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
     if self.grid_tile_width < 1:
       raise ValueError(f"GemmConfig.grid_tile_width must be >= 1, got {self.grid_tile_width}")
+    if self.wg_split not in ("n", "m"):
+      raise ValueError(f"GemmConfig.wg_split must be 'n' or 'm', got {self.wg_split!r}")
+    if self.wg_split == "m" and not (self.num_compute_wgs == 2 and self.block_m == 128
+                                     and (self.gather == "fused" or self.cross_tile)):
+      raise ValueError("GemmConfig.wg_split='m' needs num_compute_wgs=2, block_m=128 and the "
+                       "ring kernel (gather='fused' or cross_tile=True), got "
+                       f"num_compute_wgs={self.num_compute_wgs}, block_m={self.block_m}, "
+                       f"gather={self.gather!r}, cross_tile={self.cross_tile}")
 
 
 @dataclasses.dataclass(frozen=True)

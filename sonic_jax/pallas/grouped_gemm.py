@@ -88,8 +88,8 @@ def smem_bytes(config: GemmConfig, *, epilogue: Epilogue, inference: bool = Fals
   swiglu = epilogue == "swiglu"
   bm, bn, bk, wgs = config.block_m, config.block_n, config.block_k, config.num_compute_wgs
   n_b = 2 if swiglu else 1
-  stage = (bm * bk + n_b * bk * bn * wgs) * itemsize
-  epi = wgs * epilogue_tiles(swiglu, inference) * bm * bn * itemsize
+  stage = (bm * bk + n_b * bk * config.block_n_cta) * itemsize
+  epi = wgs * epilogue_tiles(swiglu, inference) * config.block_m_wg * bn * itemsize
   ring = config.max_concurrent_steps * stage
   if config.gather == "fused" or config.cross_tile:  # ring and epilogue tiles live together
     return ring + epi
@@ -103,7 +103,7 @@ SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for bar
 def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogue: Epilogue,
                   what: str) -> None:
   """Raises ValueError when (k, n_out) cannot be tiled by ``config``. ``what`` names the GEMM."""
-  bn_cta = config.block_n * config.num_compute_wgs
+  bn_cta = config.block_n_cta
   if smem_bytes(config, epilogue=epilogue) > SMEM_LIMIT:
     raise ValueError(f"{what}: config {config} needs {smem_bytes(config, epilogue=epilogue)} "
                      f"bytes of SMEM, more than {SMEM_LIMIT}")
@@ -111,8 +111,9 @@ def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogu
     raise ValueError(f"{what}: the contraction dim ({k}) must be a multiple of block_k "
                      f"({config.block_k})")
   if n_out % bn_cta:
-    raise ValueError(f"{what}: the output dim ({n_out}) must be a multiple of block_n * "
-                     f"num_compute_wgs ({bn_cta})")
+    rule = "block_n * num_compute_wgs" if config.wg_split == "n" else "block_n (wg_split='m')"
+    raise ValueError(f"{what}: the output dim ({n_out}) must be a multiple of {rule} "
+                     f"({bn_cta}, the CTA tile's width)")
   del m_lhs, epilogue
 
 
@@ -187,7 +188,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   del num_experts
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   wgs = config.num_compute_wgs
-  bn_cta = bn * wgs
+  bn_cta = config.block_n_cta
+  bm_wg = config.block_m_wg  # accumulator rows per consumer warpgroup
+  split_m = config.wg_split == "m"
   swiglu = epilogue == "swiglu"
   n_out = n_total // 2 if swiglu else n_total
   grid_n = n_out // bn_cta
@@ -201,7 +204,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   # SMEM epilogue tiles per compute warpgroup (SwiGLU training: gate and up, then A).
   n_epi = epilogue_tiles(swiglu, inference)
   num_accs = 2 if swiglu else 1
-  max_store_rows = min(bm, out_rows)
+  max_store_rows = min(bm_wg, out_rows)
 
   def rhs_specs(ni_fn):
     """BlockSpecs of the rhs operands (gate and up for SwiGLU) for column block ni."""
@@ -232,11 +235,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=epi_transforms),
                           plgpu.SMEM(shape, dtype))
 
-  def epilogue_store(accs, out_refs, epi, *, ni, wg, row_start, rows, off, row_load):
-    """accs: fp32 values (bm, bn) of this warpgroup; writes its column slice of each output.
+  def epilogue_store(accs, out_refs, epi, *, col, row_start, rows, off, row_load):
+    """accs: fp32 values (bm_wg, bn) of this warpgroup: the window of bm_wg rows loaded from
+    row_load, of which rows [off, off + rows) go to output rows row_start.., columns col..
 
-    epi: (n_epi, bm, bn) untiled SMEM, or (swizzled view, untiled view) of one buffer."""
-    col = ni * bn_cta + wg * bn
+    epi: (n_epi, bm_wg, bn) untiled SMEM, or (swizzled view, untiled view) of one buffer."""
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # previous tile's stores left epi_smem
 
     def stage(epi_smem, items):  # registers -> SMEM, made visible to the TMA engine
@@ -251,11 +254,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
                       dst_row=row_start, max_rows=max_store_rows)
 
     def flush_full(epi_smem, items):
-      # rows == bm: the window is the tile (off == 0), its start a multiple of 8.
+      # rows == bm_wg: the window is the tile (off == 0), its start a multiple of 8.
       stage(epi_smem, items)
       for j, (_, ref, c0) in enumerate(items):
-        plgpu.copy_smem_to_gmem(epi_smem.at[j],
-                                ref.at[pl.ds(row_load, bm), pl.ds(pl.multiple_of(c0, bn), bn)])
+        plgpu.copy_smem_to_gmem(epi_smem.at[j], ref.at[pl.ds(pl.multiple_of(row_load, 8), bm_wg),
+                                                       pl.ds(pl.multiple_of(c0, bn), bn)])
 
     def flush(items):
       if not swizzled:
@@ -263,11 +266,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         return
       epi_swz, epi_lin = epi
 
-      @pl.when(rows == bm)
+      @pl.when(rows == bm_wg)
       def _():
         flush_full(epi_swz, items)
 
-      @pl.when(rows != bm)
+      @pl.when(rows != bm_wg)
       def _():
         flush_ragged(epi_lin, items)
 
@@ -286,12 +289,27 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     plgpu.commit_smem_to_gmem_group()
 
   def wgmma_step(accs, a_smem, b_smems, wg_slice):
+    """wg_slice: this warpgroup's rows of the A tile (split_m) or columns of the B tiles."""
+    if split_m:
+      a_smem = a_smem.at[wg_slice]
     for acc, b in zip(accs, b_smems):
       if transpose_rhs:
-        b_op = b.at[wg_slice].T if wgs > 1 else b.T
+        b_op = b.at[wg_slice].T if wgs > 1 and not split_m else b.T
       else:
-        b_op = b.at[:, wg_slice] if wgs > 1 else b
+        b_op = b.at[:, wg_slice] if wgs > 1 and not split_m else b
       plgpu.wgmma(acc, a_smem, b_op)
+
+  def wg_window(wg, row_start, rows, off, row_load):
+    """(row_start, rows, off, row_load) of warpgroup wg's bm_wg-row part of a tile's window
+    (split_m); the tile's own values otherwise. rows is 0 when no valid row falls in it."""
+    if not split_m:
+      return row_start, rows, off, row_load
+    base = wg * bm_wg
+    lo = jnp.maximum(off, base)
+    hi = jnp.minimum(off + rows, base + bm_wg)
+    rows_w = jnp.maximum(hi - lo, 0)
+    off_w = jnp.where(rows_w > 0, lo - base, 0)
+    return row_start + jnp.maximum(lo - off, 0), rows_w, off_w, row_load + base
 
   # ---------------------------------------------------------------- single warpgroup, XLA gather
   def body_single(expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, lhs_ref, rhs_ref, *rest):
@@ -322,8 +340,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       @functools.partial(pl.run_scoped, epi_smem=epi_alloc((n_epi, bm, bn)))
       def _store(epi_smem):
-        epilogue_store(accs, out_refs, epi_smem, ni=ni, wg=0, row_start=row_start, rows=rows,
-                       off=off, row_load=row_load)
+        epilogue_store(accs, out_refs, epi_smem, col=ni * bn_cta, row_start=row_start,
+                       rows=rows, off=off, row_load=row_load)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -370,8 +388,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
             plgpu.barrier_arrive(tile_done)
             epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
-            epilogue_store(accs, out_refs, epi, ni=ni, wg=wg, row_start=row_start, rows=rows,
-                           off=off, row_load=row_load)
+            epilogue_store(accs, out_refs, epi, col=ni * bn_cta + wg * bn, row_start=row_start,
+                           rows=rows, off=off, row_load=row_load)
           pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
 
         def step(_, a_smem, *rest_refs):
@@ -473,11 +491,13 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     @pl.when(wg < wgs)
     def _consumers():
       plgpu.set_max_registers(_consumer_regs(wgs), action="increase")
-      wg_slice = pl.ds(wg * bn, bn)
+      wg_slice = pl.ds(wg * bm_wg, bm_wg) if split_m else pl.ds(wg * bn, bn)
 
       def tile(mi, ni, g0):
         e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
         del e
+        row_start, rows, off, row_load = wg_window(wg, row_start, rows, off, row_load)
+        col = ni * bn_cta + (0 if split_m else wg * bn)
 
         def acc_scope(*acc_refs):
           @pl.loop(0, k_steps)
@@ -494,9 +514,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
           accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
           plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
           epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
-          epilogue_store(accs, out_refs, epi, ni=ni, wg=wg, row_start=row_start, rows=rows,
-                         off=off, row_load=row_load)
-        pl.run_scoped(acc_scope, *[plgpu.ACC((bm, bn), _F32) for _ in range(num_accs)])
+          epilogue_store(accs, out_refs, epi, col=col, row_start=row_start, rows=rows, off=off,
+                         row_load=row_load)
+        pl.run_scoped(acc_scope, *[plgpu.ACC((bm_wg, bn), _F32) for _ in range(num_accs)])
 
       tiles_loop(tile)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -514,7 +534,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         plgpu.SMEM((slots, bm, bk), dtype, transforms=(
             () if interpret else cp_async.a_transforms(bk, itemsize))),
         plgpu.SMEM((slots, n_b, *b_shape), dtype),
-        epi_alloc((wgs, n_epi, bm, bn)),
+        epi_alloc((wgs, n_epi, bm_wg, bn)),
         *([cp_async.barrier_scratch(slots, interpret=bool(interpret))] if fused_gather else []),
         # The B TMAs (and the A TMA without a gather): one arrival per copy.
         plgpu.Barrier(num_arrivals=n_b + (0 if fused_gather else 1), num_barriers=slots),
