@@ -4,6 +4,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -358,3 +359,26 @@ def test_routing_impl_option():
     RoutingSpec(route_impl="cuda")
   with pytest.raises(SystemExit):
     cli.main(["--configs", SMOKE, "--backends", "xla", "--routing-impl", "cuda"])
+
+
+def test_training_forward_returns_no_copy_of_the_inputs():
+  """The timed forward keeps every residual but the layer's own inputs: jax.vjp's residuals
+  include x and the weights, which a jitted program would copy into fresh output buffers."""
+  from sonic_jax.bench.runner import training_forward
+  from sonic_jax.moe import moe
+  t, d, n, e, k = 32, 64, 64, 4, 2
+  ks = jax.random.split(jax.random.key(0), 4)
+  args = (jax.random.normal(ks[0], (t, d), jnp.bfloat16),
+          jax.random.normal(ks[1], (d, e), jnp.bfloat16),
+          jax.random.normal(ks[2], (e, d, 2 * n), jnp.bfloat16) * 0.1,
+          jax.random.normal(ks[3], (e, n, d), jnp.bfloat16) * 0.1)
+  layer = lambda *a: moe(*a, top_k=k, backend="xla")
+
+  def forwarded(f):
+    jaxpr = jax.make_jaxpr(f)(*args).jaxpr
+    return sum(any(o is i for i in jaxpr.invars) for o in jaxpr.outvars)
+
+  assert forwarded(lambda *a: jax.vjp(layer, *a)) == 4  # x, router_w, w1, w2
+  assert forwarded(training_forward(layer)) == 0
+  out, res = jax.jit(training_forward(layer))(*args)
+  assert out.shape == (t, d) and len(res) == len(jax.tree.leaves(jax.vjp(layer, *args)[1])) - 4

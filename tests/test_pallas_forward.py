@@ -521,6 +521,8 @@ GPU_SHAPES = [  # (T, d, n, E, K): a fine-grained and a coarse config, E not a p
     (4096, 1536, 256, 72, 8),
     (4096, 1024, 1024, 24, 2),
     (2048, 512, 192, 10, 4),
+    # n = 2048: dx_pairs' contraction 2n >= 4096 takes the row-split ring (wg_split="m")
+    (2048, 512, 2048, 6, 2),
 ]
 
 

@@ -161,11 +161,19 @@ def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmConf
   """Heuristic for a grouped GEMM (P, k) x (k, n) without epilogue (down_proj, dx_pairs)."""
   bk = _block_k(k)
   if n % 256 == 0:
-    # block_k 32 with 6 stages: the ring bytes of 64 x 3 but a deeper pipeline; snake width 16
-    # (down_proj at 30B-512 on H200: 2.018 ms against 2.173 ms for 128x128x64 x3, width 8;
-    # benchmarks/results/pallas-h200-2026-12-02-s2.md).
-    return GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
-                      grid_tile_width=16, num_compute_wgs=2, gather=gather)
+    # The across-tiles ring (cross_tile): its producer loads the next tile while the consumers
+    # finish this one. H200, session 6 (pallas-forward-h200-2026-12-03-s6.md), against the
+    # restarted pipeline (128 x 128 x 32, 6 stages): down_proj 1.846 / 2.071 ms at 30B-512,
+    # 3.161 / 3.390 at 120B-2048, 7.059 / 8.498 at DeepSeek-V3-like (128 x 128 x 64, 3 stages);
+    # with k >= 4096 (dx_pairs at n >= 2048) the warpgroups split the rows (64 x 256 each):
+    # dx_pairs 7.277 / 8.934 ms at 120B-2048, 28.82 / 29.91 at DeepSeek-V3-like.
+    ring = dict(block_m=128, grid_tile_width=16, num_compute_wgs=2, gather=gather,
+                cross_tile=True)
+    if k >= 4096 and k % 32 == 0:
+      return GemmConfig(block_n=256, block_k=32, max_concurrent_steps=6, wg_split="m", **ring)
+    if bk == 64:
+      return GemmConfig(block_n=128, block_k=64, max_concurrent_steps=3, **ring)
+    return GemmConfig(block_n=128, block_k=32, max_concurrent_steps=6, **ring)
   if n % 128 == 0:
     return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=5,
                       grid_tile_width=8, gather=gather)
@@ -185,12 +193,15 @@ def swiglu_gemm_config(k: int, n: int, *, gather: GatherMode | None = None) -> G
     gather = "fused" if n % 128 == 0 else "xla"
   if gather == "fused":
     # A cp.async producer warpgroup gathers x rows into the deepest ring that fits (SMEM <= 220
-    # KiB with the epilogue tiles). Snake width 16: 7.51 against 7.77 ms at 120B-1024 (H200),
-    # equal elsewhere (benchmarks/results/pallas-forward-h200-2026-12-02-s4-fused-v2.md).
+    # KiB with the epilogue tiles). The two consumer warpgroups split the rows (64 x 2·128
+    # each, m64n128 wgmmas): 3.705 / 3.772 ms at 30B-512, 3.806 / 3.883 at 30B-256, 16.15 /
+    # 16.90 at DeepSeek-V3-like against 128 x 2·64 each; snake width 8 at n >= 2048 (7.540
+    # against 7.904 ms at 120B-2048; H200, pallas-forward-h200-2026-12-03-s6.md). Width 16
+    # otherwise: 7.51 against 7.77 ms at 120B-1024 (pallas-forward-h200-2026-12-02-s4-fused-v2).
     if n % 128 == 0:
-      return GemmConfig(block_m=128, block_n=64, block_k=32, max_concurrent_steps=6,
-                        grid_tile_width=16, num_compute_wgs=2, gather=gather,
-                        epilogue_swizzle=True)
+      return GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
+                        grid_tile_width=8 if n >= 2048 else 16, num_compute_wgs=2,
+                        gather=gather, epilogue_swizzle=True, wg_split="m")
     return GemmConfig(block_m=128, block_n=64 if n % 64 == 0 else 32, block_k=bk,
                       max_concurrent_steps=5, grid_tile_width=8, gather=gather)
   if n % 128 == 0:
