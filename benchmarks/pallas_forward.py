@@ -205,6 +205,9 @@ def run_config(name, shape, args, log):
 
   # Baselines: XLA dense matmuls of the same total shape, the XLA gather, a copy.
   a_dense = jax.random.normal(jax.random.key(9), (tk, n), jnp.float32).astype(jnp.bfloat16)
+  if args.skip_baselines:
+    guarded = (lambda g: lambda key, fn: None if key.startswith(("xla_", "copy")) else g(key, fn))(
+        guarded)
   guarded("xla_dense_up", lambda: record(
       "xla_dense_up", time_it(lambda a, b: a @ b, xg, w1[0]), fl_up))
   guarded("xla_dense_down", lambda: record(
@@ -315,6 +318,17 @@ def run_config(name, shape, args, log):
       out.append(("fused-wgrad-2wg", PallasKernels(config=cfgs.ForwardConfig(**fw2))))
       out.append(("fused-bwd-2wg", PallasKernels(config=cfgs.ForwardConfig(
           dh=dh_config_for(d, n, gather="fused"), **fw2))))
+    if args.train_tilings:  # session 6's forward tilings against session 5's, one at a time
+      s5_up = cfgs.GemmConfig(block_m=128, block_n=64, block_k=32, max_concurrent_steps=6,
+                              grid_tile_width=16, num_compute_wgs=2, gather="fused",
+                              epilogue_swizzle=True)
+      s5_plain = cfgs.GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
+                                 grid_tile_width=16, num_compute_wgs=2)
+      out = [("default", PallasKernels()),
+             ("s5-tilings", PallasKernels(config=cfgs.ForwardConfig(
+                 up_proj=s5_up, down_proj=s5_plain, dx_pairs=s5_plain))),
+             ("s5-dx", PallasKernels(config=cfgs.ForwardConfig(dx_pairs=s5_plain))),
+             ("s5-up", PallasKernels(config=cfgs.ForwardConfig(up_proj=s5_up)))]
     if args.train_all:
       out += [("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
               ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
@@ -463,6 +477,11 @@ def main():
   ap.add_argument("--skip-check", action="store_true")
   ap.add_argument("--train-all", action="store_true",
                   help="train part: also the single-consumer fused wgrad variants")
+  ap.add_argument("--skip-baselines", action="store_true",
+                  help="skip the XLA dense / gather / copy baselines")
+  ap.add_argument("--train-tilings", action="store_true",
+                  help="train part: the default against session 5's forward tilings (all, "
+                       "dx_pairs only, up_proj only) instead of the gather variants")
   ap.add_argument("--down-sweep", action="store_true",
                   help="also time down_proj on the across-tiles ring (GemmConfig.cross_tile) "
                        "with a few tilings")
