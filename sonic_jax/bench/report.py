@@ -150,7 +150,8 @@ def meta_lines(doc: dict) -> list[str]:
       f"combine.",
       f"- Timing: {m['timing']}; {o['warmup']} warm-up calls, median of {o['iters']}. "
       f"Backward = {'measured alone' if o['bwd_direct'] else '(fwd+bwd) − fwd, as in the paper'}. "
-      f"Forward is the training forward (residuals for the backward are written).",
+      f"Forward is the training forward (residuals for the backward are written; the layer's "
+      f"inputs are not copied out).",
       f"- TFLOP/s: {m['flops']} (kept pairs with token rounding).",
       "- mem GiB: memory of one fwd+bwd step above its weights and inputs: the compiled "
       "step's outputs (gradients included) + temporaries, from XLA's memory analysis (its "

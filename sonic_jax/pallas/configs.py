@@ -4,18 +4,23 @@ Heuristic table (bf16, H200; see docs/pallas-forward.md for the measurements beh
 
 | GEMM | condition | block_m x block_n x block_k | stages | warpgroups | tile width |
 | --- | --- | --- | --- | --- | --- |
-| plain (down_proj, dx_pairs) | N % 256 == 0 | 128 x 128 x 32 | 6 | 2 consumers + 1 TMA | 16 |
+| plain (down_proj, dx_pairs) | N % 256 == 0, k >= 4096 | 128 x 256 x 32, rows split (64 x 256 per consumer), across-tiles ring | 6 | 2 consumers + 1 TMA | 16 |
+| plain | N % 256 == 0, k % 64 == 0 | 128 x 128 x 64 (CTA 128 x 256), across-tiles ring | 3 | 2 consumers + 1 TMA | 16 |
+| plain | N % 256 == 0, otherwise | 128 x 128 x 32 (CTA 128 x 256), across-tiles ring | 6 | 2 consumers + 1 TMA | 16 |
 | plain | N % 128 == 0 | 128 x 128 x 64 | 5 | 1 | 8 |
 | plain | otherwise | 128 x 64 x 64 | 5 | 1 | 8 |
-| SwiGLU (up_proj; gate+up = 2 accumulators) | n % 128 == 0 | 128 x 64 (x2) x 32, swizzled epilogue | 6 | 2 consumers + 1 TMA | 8 |
-| SwiGLU | n % 64 == 0 | 128 x 64 (x2) x 64 | 4 | 1 | 8 |
-| SwiGLU | otherwise | 128 x 32 (x2) x 64 | 4 | 1 | 8 |
+| SwiGLU (up_proj; gate+up = 2 accumulators), fused gather | n % 128 == 0 | 128 x 128 (x2) x 32, rows split (64 x 2·128 per consumer), swizzled epilogue | 6 | 2 consumers + 1 cp.async/TMA | 16 (8 at n >= 2048) |
+| SwiGLU, XLA gather | n % 128 == 0 | 128 x 64 (x2) x 32, swizzled epilogue | 6 | 2 consumers + 1 TMA | 8 |
+| SwiGLU | n % 64 == 0 | 128 x 64 (x2) x 64 | 4-5 | 1 | 8 |
+| SwiGLU | otherwise | 128 x 32 (x2) x 64 | 4-5 | 1 | 8 |
 | combine | default impl "xla" (measured 4x faster); impl "mosaic": largest block_d in {256, 192, ..., 8} dividing d | 64 tokens x block_d columns | 4-slot ring | 1 | - |
 
 Stage counts keep one CTA's SMEM (ring + epilogue tiles) under 220 KiB. "Swizzled epilogue"
 (``epilogue_swizzle``): full tiles are stored through a swizzled SMEM tile with one TMA. ``block_k`` (64 in the single-warpgroup rows) drops to 32 when the contraction dim is not a
-multiple of 64. The warp-specialized rows were picked by ``benchmarks/pallas_sweep.py`` on an
-H200 (2026-12-02, session 2) at 30B-512; the other rows are session 1's. The rules only pick
+multiple of 64. The across-tiles ring and row-split rows were picked by
+``benchmarks/pallas_forward.py --down-sweep --fused-sweep`` on an H200 (2026-12-03, session 6) at
+30B-256, 30B-512, 120B-2048 and DeepSeek-V3-like; the XLA-gather warp-specialized row by
+``benchmarks/pallas_sweep.py`` (session 2, 30B-512); the single-warpgroup rows are session 1's. The rules only pick
 among configs that tile the shape; ``backend.PallasKernels.validate`` rejects shapes none tiles.
 ``autotune`` (optional) times candidate configs on the current GPU and caches the winner as JSON.
 """
@@ -52,14 +57,16 @@ class GemmConfig:
   cross_tile: (without a gather) run the kernel of the fused gather, with the A tile by TMA: a
   producer warpgroup looping over every (tile, k step) of its CTA into one ring, instead of
   ``emit_pipeline_warp_specialized`` restarted per tile, whose producer waits for the end of each
-  tile before loading the next. Opt-in until measured on a GPU (interpret and lowering tests
-  only); implies the warp-specialized layout (num_compute_wgs consumers + 1 producer).
+  tile before loading the next. The heuristic's choice for plain GEMMs with N % 256 == 0
+  since session 6 (H200: down_proj 1.11-1.25x the restarted pipeline); implies the
+  warp-specialized layout (num_compute_wgs consumers + 1 producer).
   wg_split: how two consumer warpgroups share the CTA tile. "n" (default): each owns block_n
   columns of all block_m rows (CTA tile block_m x 2·block_n). "m": each owns block_m / 2 rows
   of all block_n columns (CTA tile block_m x block_n), so each wgmma is m64 x block_n and the
   A tile is read once per warpgroup and accumulator instead of twice: with SwiGLU's two
   accumulators, 64 x 128 (x2) per warpgroup instead of 128 x 64 (x2) at the same register
-  count. Only on the ring kernels (gather="fused" or cross_tile) with 2 consumers, block_m 128.
+  count (fused up_proj 1-5 % faster on the H200). Only on the ring kernels (gather="fused" or
+  cross_tile) with 2 consumers, block_m 128.
   """
 
   block_m: int = 128
