@@ -252,6 +252,23 @@ def bench(shape, iters, results, only="all"):
     try_(lambda: record(best_wg[0] + " dw2 (+XLA gather)", "dw2",
                         time_ms(f2, a["dout"], a["a_prime"], plan, iters=iters), f_w2_flops))
 
+  # Two consumer warpgroups on XLA-gathered operands (WgradConfig(num_compute_wgs=2), opt-in):
+  # the ring kernel of the fused gather with the gathered side by TMA, 128x256 (dW1) / 256x128
+  # (dW2) tiles; against the one-warpgroup kernel-only rows above.
+  if only != "dh" and (2 * n) % 256 == 0 and n % 256 == 0 and d % 128 == 0:
+    ring1 = WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
+                        num_compute_wgs=2)
+    ring2 = WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
+                        num_compute_wgs=2)
+    r1 = jax.jit(lambda u, v, plan: grouped_outer(u, v, plan, config=ring1, shared="lhs",
+                                                  interpret=INTERPRET))
+    r2 = jax.jit(lambda u, v, plan: grouped_outer(u, v, plan, config=ring2, shared="rhs",
+                                                  interpret=INTERPRET))
+    try_(lambda: record("wgrad ring 2wg 128x256 s3 dw1 (kernel only)", "dw1",
+                        time_ms(r1, g["x"], a["dh"], plan, iters=iters), f_w1_flops))
+    try_(lambda: record("wgrad ring 2wg 256x128 s3 dw2 (kernel only)", "dw2",
+                        time_ms(r2, a["a_prime"], g["dout"], plan, iters=iters), f_w2_flops))
+
   # x / dO rows gathered inside the kernel (WgradConfig(gather="fused"), opt-in): raw x / dout
   # in, so the time includes the gather, against the "(+XLA gather)" rows above.
   wg_fused = {} if only == "dh" else {

@@ -118,11 +118,11 @@ def variants(d, n, fused: bool):
           PallasKernels()),
          ("1wg", PallasKernels(config=cfgs.ForwardConfig(up_proj=single_up, down_proj=single_down,
                                                          dx_pairs=single_down)))]
-  if down_h.num_compute_wgs == 2:  # the across-tiles ring (GemmConfig.cross_tile), opt-in
-    dx_h = cfgs.plain_gemm_config(2 * n, d)
-    out.append(("cross-tile", PallasKernels(config=cfgs.ForwardConfig(
-        down_proj=dataclasses.replace(down_h, cross_tile=True),
-        dx_pairs=dataclasses.replace(dx_h, cross_tile=dx_h.num_compute_wgs == 2)))))
+  if down_h.cross_tile:  # session 2's default: the pipeline restarted per tile
+    restarted = cfgs.GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
+                                grid_tile_width=16, num_compute_wgs=2)
+    out.append(("restarted", PallasKernels(config=cfgs.ForwardConfig(
+        down_proj=restarted, dx_pairs=restarted))))
   if fused:  # the other gather mode than the heuristic's
     other = "xla" if up_h.gather == "fused" else "fused"
     out.append((f"{other}-gather", PallasKernels(config=cfgs.ForwardConfig(
@@ -130,42 +130,54 @@ def variants(d, n, fused: bool):
   return out
 
 
+def _ring_configs(variants):
+  """GemmConfigs on the across-tiles ring (cross_tile, 2 consumers) from (name, fields)."""
+  ring = dict(block_m=128, num_compute_wgs=2, cross_tile=True, grid_tile_width=16)
+  return [(name, cfgs.GemmConfig(**{**ring, **fields})) for name, fields in variants]
+
+
 def down_sweep(d, n):
-  """down_proj tilings on the across-tiles ring (``--down-sweep``; GemmConfig.cross_tile)."""
-  base = dataclasses.replace(cfgs.plain_gemm_config(n, d), cross_tile=True)
-  if base.num_compute_wgs != 2:
-    return []
-  out = [("cross-tile", base),
-         ("cross-tile w8", dataclasses.replace(base, grid_tile_width=8)),
-         ("cross-tile swz", dataclasses.replace(base, epilogue_swizzle=True)),
-         ("cross-tile bk64 s3", dataclasses.replace(base, block_k=64, max_concurrent_steps=3)),
-         # Each consumer warpgroup 64 rows x 256 columns (m64n256 wgmmas), CTA tile 128 x 256.
-         ("cross-tile split-m", dataclasses.replace(base, block_n=2 * base.block_n,
-                                                     wg_split="m")),
-         ("cross-tile split-m swz", dataclasses.replace(base, block_n=2 * base.block_n,
-                                                         wg_split="m", epilogue_swizzle=True))]
-  out = [(name, c) for name, c in out
-         if gg.smem_bytes(c, epilogue="none") <= gg.SMEM_LIMIT and n % c.block_k == 0]
-  dx = dataclasses.replace(cfgs.plain_gemm_config(2 * n, d), cross_tile=True)
-  dxs = {"cross-tile": dx,
-         "cross-tile split-m": dataclasses.replace(dx, block_n=2 * dx.block_n, wg_split="m")}
-  if dx.num_compute_wgs != 2:
-    dxs = {}
-  return [(name, PallasKernels(config=cfgs.ForwardConfig(down_proj=c, dx_pairs=dxs.get(name))))
-          for name, c in out]
+  """down_proj / dx_pairs tilings on the across-tiles ring (``--down-sweep``):
+  ([(name, kernels)] for down_proj, [(name, kernels)] for dx_pairs). Explicit tilings, not
+  relative to the heuristic, so that names mean the same in every session's records."""
+  if d % 256:
+    return [], []
+  bk32, bk64 = dict(block_k=32, max_concurrent_steps=6), dict(block_k=64, max_concurrent_steps=3)
+  split = dict(block_n=256, wg_split="m")  # 64 x 256 per consumer warpgroup (m64n256 wgmmas)
+  down = _ring_configs([
+      ("ring bk32 s6", dict(block_n=128, **bk32)),
+      ("ring bk64 s3", dict(block_n=128, **bk64)),
+      ("ring bk64 s3 w8", dict(block_n=128, **bk64, grid_tile_width=8)),
+      ("ring bk64 s3 swz", dict(block_n=128, **bk64, epilogue_swizzle=True)),
+      ("ring split-m bk32 s6 swz", dict(**split, **bk32, epilogue_swizzle=True)),
+      ("ring split-m bk64 s3", dict(**split, **bk64))])
+  dx = _ring_configs([
+      ("ring bk32 s6", dict(block_n=128, **bk32)),
+      ("ring bk64 s3", dict(block_n=128, **bk64)),
+      ("ring split-m bk32 s6", dict(**split, **bk32)),
+      ("ring split-m bk64 s3", dict(**split, **bk64)),
+      ("ring split-m bk64 s3 w8", dict(**split, **bk64, grid_tile_width=8))])
+  ok = lambda c, k: gg.smem_bytes(c, epilogue="none") <= gg.SMEM_LIMIT and k % c.block_k == 0
+  return ([(name, PallasKernels(config=cfgs.ForwardConfig(down_proj=c)))
+           for name, c in down if ok(c, n)],
+          [(name, PallasKernels(config=cfgs.ForwardConfig(dx_pairs=c)))
+           for name, c in dx if ok(c, 2 * n)])
 
 
 def fused_sweep(d, n):
-  """Extra fused-gather up_proj tilings (``--fused-sweep``) around the heuristic's."""
-  base = cfgs.swiglu_gemm_config(d, n, gather="fused")
-  out = []
-  if base.num_compute_wgs == 2 and n % (2 * base.block_n) == 0:
-    # Each consumer warpgroup 64 rows x 2 x 128 columns: m64n128 wgmmas, A read once per acc.
-    out.append(("fused split-m", dataclasses.replace(base, block_n=2 * base.block_n,
-                                                     wg_split="m")))
-    out.append(("fused split-m w8", dataclasses.replace(base, block_n=2 * base.block_n,
-                                                        wg_split="m", grid_tile_width=8)))
-  # (session 4 measured bk64 s3, snake widths 4 and 16 here; width 16 became the default)
+  """Fused-gather up_proj tilings (``--fused-sweep``), explicit so that names mean the same in
+  every session's records: the two consumer warpgroups splitting the columns (128 x 2·64 each,
+  session 4's default) or the rows (64 x 2·128 each, session 6's), snake widths 16 and 8.
+  (Session 4 also measured block_k 64 x 3 stages and width 4 here: both slower.)"""
+  if n % 128:
+    return []
+  ws = dict(block_m=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2, gather="fused",
+            epilogue_swizzle=True)
+  out = [("fused split-n w16", cfgs.GemmConfig(block_n=64, grid_tile_width=16, **ws)),
+         ("fused split-m w16", cfgs.GemmConfig(block_n=128, grid_tile_width=16, wg_split="m",
+                                               **ws)),
+         ("fused split-m w8", cfgs.GemmConfig(block_n=128, grid_tile_width=8, wg_split="m",
+                                              **ws))]
   return [(name, PallasKernels(config=cfgs.ForwardConfig(up_proj=c))) for name, c in out]
 
 
@@ -357,20 +369,22 @@ def run_config(name, shape, args, log):
     for vname, kv in fused_sweep(d, n):
       guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
   if args.down_sweep:
-    for vname, kv in down_sweep(d, n):
+    down_vars, dx_vars = down_sweep(d, n)
+    for vname, kv in down_vars:
       guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
-      if vname in ("cross-tile", "cross-tile split-m") and "dx" in parts:
+    if "dx" in parts:
+      for vname, kv in dx_vars:
         guarded(f"dx_pairs[{vname}]", lambda: dx(kv, vname))
   if "train" in parts:
     for vname, kv in train_variants():
       guarded(f"train[{vname}]", lambda: train(kv, vname))
   if "variants" in parts:
     for vname, kv in rest_up:
-      if not vname.endswith("-gather") and vname != "cross-tile":  # cross-tile: down / dx
+      if not vname.endswith("-gather") and vname != "restarted":  # restarted: down / dx
         guarded(f"up_proj[{vname}]", lambda: up(kv, vname))
     for vname, kv in rest_down:
       guarded(f"down_proj[{vname}]", lambda: down(kv, vname))
-      if vname == "cross-tile":
+      if vname == "restarted":
         guarded(f"dx_pairs[{vname}]", lambda: dx(kv, vname))
   return rec
 
@@ -483,8 +497,8 @@ def main():
                   help="train part: the default against session 5's forward tilings (all, "
                        "dx_pairs only, up_proj only) instead of the gather variants")
   ap.add_argument("--down-sweep", action="store_true",
-                  help="also time down_proj on the across-tiles ring (GemmConfig.cross_tile) "
-                       "with a few tilings")
+                  help="also time down_proj (and dx_pairs with --parts dx) on the across-tiles "
+                       "ring (GemmConfig.cross_tile) with a few explicit tilings")
   ap.add_argument("--fused-sweep", action="store_true",
                   help="also time a few other fused-gather up_proj tilings")
   args = ap.parse_args()

@@ -293,8 +293,9 @@ def test_wgrad_fused_gather_validation():
     WgradConfig(block_k=32)
   with pytest.raises(ValueError, match="WgradConfig.num_compute_wgs must be 1 or 2"):
     WgradConfig(num_compute_wgs=3, gather="fused")
-  with pytest.raises(ValueError, match="num_compute_wgs = 2 needs gather='fused'"):
-    WgradConfig(num_compute_wgs=2)
+  with pytest.raises(ValueError, match="WgradConfig.max_concurrent_steps must be >= 2"):
+    WgradConfig(num_compute_wgs=2, max_concurrent_steps=1)  # the ring kernel, gather="xla"
+  assert WgradConfig(num_compute_wgs=2).ring and not WgradConfig().ring
   two = WgradConfig(block_m=64, block_n=64, max_concurrent_steps=2, gather="fused",
                     num_compute_wgs=2)
   with pytest.raises(ValueError, match=r"WgradConfig.block_n \(64\) must be a multiple of 128 "
@@ -379,6 +380,47 @@ def test_wgrad_fused_gather_two_consumers():
   g1, g2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
   _assert_wgrad_matches(g1, g2, plan, XLA.dw1(a["x"], a["dh"], plan),
                         XLA.dw2(a["dout"], a["a_prime"], plan))
+
+
+_WG2_XLA_DW1 = dataclasses.replace(_WG2_DW1, gather="xla")
+_WG2_XLA_DW2 = dataclasses.replace(_WG2_DW2, gather="xla")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_wgrad_two_consumers_xla_gather_matches_xla(case):
+  """num_compute_wgs=2 with gather="xla": the ring kernel with both operands by TMA (the
+  pre-gathered side shared by the consumers, masked once by the first). Empty experts, a 1-row
+  expert, groups straddling K blocks, every token on one expert; NaN in the padding rows of dH /
+  A' and of the pre-gathered operands never reaches a gradient."""
+  a = _inputs(case, d=256, n=128)
+  plan = a["plan"]
+  c1 = dataclasses.replace(_WG2_XLA_DW1, block_m=64, block_n=128, num_sms=None)
+  c2 = dataclasses.replace(_WG2_XLA_DW2, block_m=128, block_n=64, num_sms=None)
+  rows = np.arange(plan.capacity)
+  offs = np.asarray(plan.group_offsets)
+  outside = jnp.asarray(~((rows[:, None] >= offs[:-1]) & (rows[:, None] < offs[1:])).any(1))
+  poison = lambda g: jnp.where(outside[:, None], jnp.nan, g).astype(g.dtype)
+  xg, dog = poison(a["x"][plan.gather_idx]), poison(a["dout"][plan.gather_idx])
+  f = jax.jit(lambda x, dout, dh_, ap: (
+      dw1(x, dh_, plan, config=c1, interpret=True, x_gathered=xg),
+      dw2(dout, ap, plan, config=c2, interpret=True, dout_gathered=dog)))
+  g1, g2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
+  assert np.isfinite(np.asarray(g1, np.float32)).all()
+  assert np.isfinite(np.asarray(g2, np.float32)).all()
+  _assert_wgrad_matches(g1, g2, plan, XLA.dw1(a["x"], a["dh"], plan),
+                        XLA.dw2(a["dout"], a["a_prime"], plan))
+
+
+def test_wgrad_two_consumers_xla_gather_lowers_to_mosaic_gpu():
+  """The TMA-only ring (gather="xla", two consumers) lowers for CUDA on the CPU host: layout
+  inference of the TMA-filled shared tile, its boundary mask and the consumers' meeting."""
+  a = _inputs("straddle_e5", d=256, n=128)
+  plan = a["plan"]
+  f = lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=_WG2_XLA_DW1),
+                                dw2(dout, ap, plan, config=_WG2_XLA_DW2))
+  text = jax.jit(f).trace(a["x"], a["dout"], a["dh"], a["dh"]).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
 
 
 def test_wgrad_float32_output():

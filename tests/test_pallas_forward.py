@@ -304,6 +304,38 @@ def test_split_m_config_rules():
   validate_gemm(256, 256, 128, cfg, epilogue="none", what="gemm")
 
 
+def test_validate_rejects_accumulators_over_the_register_budget():
+  from sonic_jax.pallas.grouped_gemm import validate_gemm
+  two_accs = GemmConfig(block_m=128, block_n=256, num_compute_wgs=2, wg_split="m",
+                        block_k=32, max_concurrent_steps=2, gather="fused")
+  with pytest.raises(ValueError, match="256 fp32 accumulator registers per thread"):
+    validate_gemm(256, 256, 512, two_accs, epilogue="swiglu", what="up_proj")
+  validate_gemm(256, 256, 512, two_accs, epilogue="none", what="down_proj")  # one acc: 128
+
+
+def test_benchmark_sweep_configs_are_valid():
+  """The tilings benchmarks/pallas_forward.py sweeps tile the paper's shapes and fit the SMEM
+  and register budgets (a sweep variant that cannot run wastes GPU time)."""
+  import importlib.util
+  import pathlib
+  from sonic_jax.pallas.grouped_gemm import validate_gemm
+  path = pathlib.Path(__file__).parents[1] / "benchmarks" / "pallas_forward.py"
+  spec = importlib.util.spec_from_file_location("pallas_forward_bench", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  checked = 0
+  for t, d, n, e, k, _ in [*bench.PAPER.values(), *bench.PRESETS.values()]:
+    down, dx = bench.down_sweep(d, n)
+    for _, kern in down:
+      validate_gemm(t * k, n, d, kern.config.down_proj, epilogue="none", what="down_proj")
+    for _, kern in dx:
+      validate_gemm(t * k, 2 * n, d, kern.config.dx_pairs, epilogue="none", what="dx_pairs")
+    for _, kern in bench.fused_sweep(d, n):
+      validate_gemm(t, d, n, kern.config.up_proj, epilogue="swiglu", what="up_proj")
+    checked += len(down) + len(dx)
+  assert checked > 0
+
+
 def test_validate_rejects_untileable_shapes():
   plan = _case("straddle_e5")
   kern = PallasKernels(interpret=True)

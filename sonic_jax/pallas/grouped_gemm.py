@@ -98,6 +98,9 @@ def smem_bytes(config: GemmConfig, *, epilogue: Epilogue, inference: bool = Fals
 
 
 SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for barriers
+# Of a consumer thread's <= 240 registers: the rest hold addresses, the epilogue's values and
+# SwiGLU's temporaries. Every heuristic tiling keeps 128.
+ACC_REGS_LIMIT = 160
 
 
 def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogue: Epilogue,
@@ -107,6 +110,11 @@ def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogu
   if smem_bytes(config, epilogue=epilogue) > SMEM_LIMIT:
     raise ValueError(f"{what}: config {config} needs {smem_bytes(config, epilogue=epilogue)} "
                      f"bytes of SMEM, more than {SMEM_LIMIT}")
+  acc_regs = (2 if epilogue == "swiglu" else 1) * config.block_m_wg * config.block_n // 128
+  if acc_regs > ACC_REGS_LIMIT:
+    raise ValueError(f"{what}: config {config} keeps {acc_regs} fp32 accumulator registers per "
+                     f"thread (accumulators x rows per warpgroup x block_n / 128), more than "
+                     f"{ACC_REGS_LIMIT}; halve block_n or split the rows (wg_split='m')")
   if k % config.block_k:
     raise ValueError(f"{what}: the contraction dim ({k}) must be a multiple of block_k "
                      f"({config.block_k})")

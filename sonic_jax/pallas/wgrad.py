@@ -52,9 +52,10 @@ class WgradConfig:
   "fused" (cp.async inside the kernel; a producer warpgroup + one consumer warpgroup, the ring
   of max_concurrent_steps (>= 2) stages running across output tiles; ``smem_bytes``). The
   gathered tile is (block_k rows, block_m or block_n columns): its width in bytes must be 32, 64
-  or a multiple of 128 dividing 2048. num_compute_wgs (fused only): 1 or 2 consumer warpgroups;
-  with 2 they split the plain (TMA) operand's columns of the tile (block_n for dW1, block_m for
-  dW2), each half a multiple of 64, and share the gathered tile.
+  or a multiple of 128 dividing 2048. num_compute_wgs: 1 or 2 consumer
+  warpgroups. 2 runs the ring kernel (also with gather="xla", where the pre-gathered operand
+  comes by TMA instead of cp.async): the two split the plain operand's columns of the tile
+  (block_n for dW1, block_m for dW2), each half a multiple of 64, and share the gathered tile.
   """
 
   block_m: int = 128
@@ -84,14 +85,16 @@ class WgradConfig:
       raise ValueError(f"WgradConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
     if self.num_compute_wgs not in (1, 2):
       raise ValueError(f"WgradConfig.num_compute_wgs must be 1 or 2, got {self.num_compute_wgs}")
-    if self.num_compute_wgs == 2 and self.gather != "fused":
-      raise ValueError("WgradConfig.num_compute_wgs = 2 needs gather='fused' (the warp-specialized "
-                       "kernel)")
-    if self.gather == "fused":
-      if self.max_concurrent_steps < 2:
-        raise ValueError(f"WgradConfig.max_concurrent_steps must be >= 2 with gather='fused' "
-                         f"(the consumer frees a stage one step late), got "
-                         f"{self.max_concurrent_steps}")
+    if self.ring and self.max_concurrent_steps < 2:
+      raise ValueError(f"WgradConfig.max_concurrent_steps must be >= 2 with gather='fused' or "
+                       f"num_compute_wgs=2 (the ring kernel: the consumer frees a stage one step "
+                       f"late), got {self.max_concurrent_steps}")
+
+  @property
+  def ring(self) -> bool:
+    """Whether the warp-specialized ring kernel runs (a producer warpgroup, a ring across
+    output tiles): with the fused gather, or with two consumer warpgroups."""
+    return self.gather == "fused" or self.num_compute_wgs == 2
 
 
 SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for barriers
@@ -99,12 +102,13 @@ SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for bar
 
 def smem_bytes(config: WgradConfig, itemsize: int = 2) -> int:
   """SMEM of one CTA: the K-block ring and the staged output tile. With gather="xla" the
-  output tile reuses the ring's space (separate scopes); with "fused" the ring runs across
-  tiles (the producer fills the next tile's stages during this tile's store), so both stay."""
+  output tile reuses the ring's space (separate scopes); in the ring kernel (``config.ring``)
+  the ring runs across tiles (the producer fills the next tile's stages during this tile's
+  store), so both stay."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   ring = config.max_concurrent_steps * bk * (bm + bn) * itemsize
   out = bm * bn * (4 if config.out_dtype == "float32" else itemsize)
-  return ring + out if config.gather == "fused" else max(ring, out)
+  return ring + out if config.ring else max(ring, out)
 
 
 def wgrad_config_for(m: int, n: int, *, gather: Literal["xla", "fused"] = "xla",
@@ -136,7 +140,8 @@ def wgrad_config_for(m: int, n: int, *, gather: Literal["xla", "fused"] = "xla",
   return dataclasses.replace(config, gather="fused", max_concurrent_steps=2)
 
 
-def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
+def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names,
+              shared: Literal["lhs", "rhs"] | None = None) -> None:
   ln, rn = names
   p = plan.capacity
   for name, a in ((ln, lhs), (rn, rhs)):
@@ -146,14 +151,15 @@ def _validate(lhs, rhs, plan: RoutingPlan, config: WgradConfig, names) -> None:
       raise ValueError(f"{name} must be bfloat16 or float16, got {a.dtype}")
   if lhs.dtype != rhs.dtype:
     raise ValueError(f"{ln} and {rn} must share a dtype, got {lhs.dtype} and {rhs.dtype}")
-  validate_wgrad_shapes(lhs.shape[1], rhs.shape[1], config, names)
+  validate_wgrad_shapes(lhs.shape[1], rhs.shape[1], config, names, gathered=shared)
 
 
 def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rhs"),
                           gathered: Literal["lhs", "rhs"] | None = None) -> None:
   """Raises ValueError when an (E, m, n) output cannot be tiled by ``config``; ``names`` name
   the (P, m) and (P, n) operands; ``gathered`` names the side a fused gather reads (the rule on
-  its tile width applies with ``config.gather == "fused"``)."""
+  its tile width applies with ``config.gather == "fused"``), or with gather="xla" the side the
+  two consumer warpgroups share."""
   ln, rn = names
   if m % config.block_m:
     raise ValueError(f"{ln}.shape[1] ({m}) must be a multiple of WgradConfig.block_m "
@@ -206,16 +212,25 @@ def _mask_rows(ref, row0, start, end, rows: int, cols: int) -> None:
 
 
 def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
-                  config: WgradConfig | None = None, interpret=False) -> jax.Array:
+                  config: WgradConfig | None = None, interpret=False,
+                  shared: Literal["lhs", "rhs"] = "lhs",
+                  names: tuple[str, str] = ("lhs", "rhs")) -> jax.Array:
   """out[e] = Σ_{p in group e} lhs[p]ᵀ ⊗ rhs[p]: lhs (P, M), rhs (P, N) -> (E, M, N).
 
   Both operands are already in grouped order; ``config.gather`` must be "xla" here (dw1 / dw2
-  take the ungathered source and run the fused gather themselves)."""
+  take the ungathered source and run the fused gather themselves). With
+  ``config.num_compute_wgs == 2`` the ring kernel runs with both operands by TMA; ``shared``
+  names the operand whose tile both consumer warpgroups read (the other's columns are split).
+  ``names`` name lhs and rhs in error messages."""
   config = config or wgrad_config_for(lhs.shape[-1], rhs.shape[-1])
   if config.gather != "xla":
     raise ValueError("grouped_outer takes gathered operands: WgradConfig.gather must be 'xla' "
                      "here; use dw1 / dw2 for gather='fused'")
-  _validate(lhs, rhs, plan, config, ("lhs", "rhs"))
+  if shared not in ("lhs", "rhs"):
+    raise ValueError(f"shared must be 'lhs' or 'rhs', got {shared!r}")
+  _validate(lhs, rhs, plan, config, names, shared=shared)
+  if config.num_compute_wgs == 2:
+    return _grouped_outer_fused(lhs, rhs, plan, config, shared, interpret)
   p_rows, m = lhs.shape
   n = rhs.shape[1]
   g = plan.num_experts
@@ -307,6 +322,11 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
   time, which gives ``full_g``'s phase parity; all warpgroups derive g from the same per-expert
   block counts. The ring does not restart per tile, so the next tile's loads overlap this
   tile's store. Empty experts issue no step and store a zero tile.
+
+  With ``config.gather == "xla"`` (two consumers on operands gathered by XLA) the ``gathered``
+  side is (P, ·) in grouped order too and comes by TMA (counted on ``full_t``); the first
+  consumer zeroes its rows outside the expert in the boundary K blocks and both consumers meet
+  on ``masked`` before their wgmmas, since both read that tile.
   """
   p_rows = plan.capacity
   m = lhs.shape[1]
@@ -319,21 +339,30 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
   itemsize = jnp.dtype(dtype).itemsize
   out_dtype = jnp.float32 if config.out_dtype == "float32" else dtype
   interp = bool(interpret)
+  pregathered = config.gather == "xla"
   grid_m, grid_n = m // bm, n // bn
   # K blocks start at multiples of bk and may run past P (the last one): pad the gather index
   # with token 0 (a valid row, zero-filled by the copy since it lies outside every expert).
   blocks = -(-p_rows // bk) + 1
-  gidx = jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows))
+  gidx = (None if pregathered else
+          jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows)))
   lhs_is_gathered = gathered == "lhs"
   g_cols = bm if lhs_is_gathered else bn
   # Each consumer takes 1/wgs of the plain operand's columns: (bk, t_cols) per copy.
   t_cols = (bn if lhs_is_gathered else bm) // wgs
   acc_shape = (bm, t_cols) if lhs_is_gathered else (t_cols, bn)
 
-  def body(meta_gmem, gidx_gmem, lhs_gmem, rhs_gmem, o_gmem, g_ring, t_ring, o_smem, full_g,
-           full_t, empty):
+  def body(*refs):
+    if pregathered:
+      meta_gmem, lhs_gmem, rhs_gmem, o_gmem, g_ring, t_ring, o_smem, full_t, empty, masked = refs
+      gidx_gmem = full_g = None
+    else:
+      (meta_gmem, gidx_gmem, lhs_gmem, rhs_gmem, o_gmem, g_ring, t_ring, o_smem, full_g, full_t,
+       empty) = refs
+      masked = None
     wg = lax.axis_index("wg")
-    cp_async.init_barriers(full_g, slots, interpret=interp)
+    if not pregathered:
+      cp_async.init_barriers(full_g, slots, interpret=interp)
 
     def items_loop(item_body):
       @plgpu.nd_loop((g_experts, grid_m * grid_n), collective_axes="sm",
@@ -370,9 +399,13 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
               t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm + c * t_cols, t_cols)]
             plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot, c], full_t.at[slot])
           g_src, c0 = (lhs_gmem, mi * bm) if lhs_is_gathered else (rhs_gmem, ni * bn)
-          cp_async.issue_gather(gidx_gmem, g_src, g_ring, full_g, slot=slot, row0=row0, k0=c0,
-                                block_m=bk, block_k=g_cols, interpret=interp,
-                                valid=(start, end))
+          if pregathered:
+            plgpu.copy_gmem_to_smem(g_src.at[pl.ds(row0, bk), pl.ds(c0, g_cols)],
+                                    g_ring.at[slot], full_t.at[slot])
+          else:
+            cp_async.issue_gather(gidx_gmem, g_src, g_ring, full_g, slot=slot, row0=row0, k0=c0,
+                                  block_m=bk, block_k=g_cols, interpret=interp,
+                                  valid=(start, end))
 
       total = items_loop(item)
 
@@ -396,7 +429,15 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
             @pl.when((k == 0) | (k == nblocks - 1))
             def _():
               _mask_rows(t_tile, block_start + k * bk, start, end, bk, t_cols)
+              if pregathered:  # the shared tile: masked once, read by both consumers
+
+                @pl.when(wg == 0)
+                def _():
+                  _mask_rows(g_ring.at[slot], block_start + k * bk, start, end, bk, g_cols)
               plgpu.commit_smem()
+              if pregathered:
+                plgpu.barrier_arrive(masked)
+                plgpu.barrier_wait(masked)
 
             if lhs_is_gathered:
               plgpu.wgmma(acc_ref, g_ring.at[slot].T, t_tile)
@@ -428,17 +469,30 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
       items_loop(item)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  scratch = [
+  rings = [
       # The gathered ring is (8, swizzle)-tiled for cp.async (untiled in the interpreter, which
-      # checks no layouts); the TMA ring's layout is left to Mosaic GPU's inference.
+      # checks no layouts); the TMA rings' layouts are left to Mosaic GPU's inference.
       plgpu.SMEM((slots, bk, g_cols), dtype,
-                 transforms=() if interp else cp_async.a_transforms(g_cols, itemsize)),
+                 transforms=() if interp or pregathered
+                 else cp_async.a_transforms(g_cols, itemsize)),
       plgpu.SMEM((slots, wgs, bk, t_cols), dtype),
       plgpu.SMEM((wgs, *acc_shape), out_dtype),
-      cp_async.barrier_scratch(slots, interpret=interp),  # full_g: the gathered rows
-      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # full_t: one TMA per consumer
-      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
   ]
+  if pregathered:
+    scratch = [
+        *rings,
+        # full_t: one TMA per consumer's half of the plain operand + the shared tile's TMA.
+        plgpu.Barrier(num_arrivals=wgs + 1, num_barriers=slots),
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
+        plgpu.Barrier(num_arrivals=wgs),  # masked: the shared tile's boundary rows are zero
+    ]
+  else:
+    scratch = [
+        *rings,
+        cp_async.barrier_scratch(slots, interpret=interp),  # full_g: the gathered rows
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # full_t: one TMA per consumer
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
+    ]
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
@@ -451,6 +505,8 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret_params(interpret),
   )
+  if pregathered:
+    return kernel(_block_meta(plan, bk), lhs, rhs)
   return kernel(_block_meta(plan, bk), gidx, lhs, rhs)
 
 
@@ -490,8 +546,8 @@ def dw1(x: jax.Array, dh: jax.Array, plan: RoutingPlan, *, config: WgradConfig |
     _validate_fused(dh, x, plan, config, ("x[gather_idx]", "dh"), "lhs")
     return _grouped_outer_fused(x, dh, plan, config, "lhs", interpret)
   lhs = x[plan.gather_idx] if x_gathered is None else x_gathered
-  _validate(lhs, dh, plan, config, ("x[gather_idx]", "dh"))
-  return grouped_outer(lhs, dh, plan, config=config, interpret=interpret)
+  return grouped_outer(lhs, dh, plan, config=config, interpret=interpret, shared="lhs",
+                       names=("x[gather_idx]", "dh"))
 
 
 def dw2(dout: jax.Array, a_prime: jax.Array, plan: RoutingPlan, *,
@@ -513,8 +569,8 @@ def dw2(dout: jax.Array, a_prime: jax.Array, plan: RoutingPlan, *,
     _validate_fused(a_prime, dout, plan, config, ("a_prime", "dout[gather_idx]"), "rhs")
     return _grouped_outer_fused(a_prime, dout, plan, config, "rhs", interpret)
   rhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
-  _validate(a_prime, rhs, plan, config, ("a_prime", "dout[gather_idx]"))
-  return grouped_outer(a_prime, rhs, plan, config=config, interpret=interpret)
+  return grouped_outer(a_prime, rhs, plan, config=config, interpret=interpret, shared="rhs",
+                       names=("a_prime", "dout[gather_idx]"))
 
 
 __all__ = ["WgradConfig", "grouped_outer", "dw1", "dw2", "smem_bytes", "validate_wgrad_shapes",
