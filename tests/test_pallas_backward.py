@@ -652,20 +652,24 @@ def test_gpu_dw1_dw2_match_xla():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wgs", [1, 2])
+@pytest.mark.parametrize("wgs", [1, 2, "xla-ring"])
 def test_gpu_wgrad_fused_gather_matches_default(wgs):
   """WgradConfig(gather="fused") (1: the heuristic's tiles and ring; 2: two consumer warpgroups
-  on 128x256 / 256x128 tiles) against the XLA-gather kernel and the xla backend at a realistic
-  size; same K order, so it matches the default to fp32 rounding; deterministic."""
+  on 128x256 / 256x128 tiles; "xla-ring": those two consumers on XLA-gathered operands by TMA)
+  against the default XLA-gather kernel and the xla backend at a realistic size; same K order,
+  so it matches the default to fp32 rounding; deterministic."""
   a = _gpu_inputs()
   plan = a["plan"]
   d, n = a["x"].shape[1], a["a_prime"].shape[1]
   if wgs == 1:
     c1 = wgrad_config_for(d, 2 * n, gather="fused")
     c2 = wgrad_config_for(n, d, gather="fused")
-  else:
+  elif wgs == 2:
     c1 = dataclasses.replace(_WG2_DW1, num_sms=None)
     c2 = dataclasses.replace(_WG2_DW2, num_sms=None)
+  else:
+    c1 = dataclasses.replace(_WG2_XLA_DW1, num_sms=None)
+    c2 = dataclasses.replace(_WG2_XLA_DW2, num_sms=None)
   fused = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1),
                                             dw2(dout, ap, plan, config=c2)))
   base = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan), dw2(dout, ap, plan)))
