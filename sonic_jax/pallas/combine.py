@@ -20,6 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas.configs import CombineConfig, combine_config
+from sonic_jax.pallas.grid import persistent_ctas
 from sonic_jax.routing import RoutingPlan
 
 _F32 = jnp.float32
@@ -141,14 +142,9 @@ def _build_kernel(*, t_pad, d, k_top, dtype, out_dtype, weighted, config: Combin
              plgpu.SMEM((bt, bd), out_dtype)]
   if weighted:
     scratch += [plgpu.SMEM((k_top, bt), _F32), plgpu.Barrier(num_arrivals=1)]
-  if config.num_sms is not None:
-    num_sms = config.num_sms
-  elif interpret:
-    num_sms = 2
-  else:
-    num_sms = getattr(jax.devices()[0], "core_count", None) or 132
   return plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((t_pad, d), out_dtype), grid=(num_sms,),
+      body, out_type=jax.ShapeDtypeStruct((t_pad, d), out_dtype),
+      grid=(persistent_ctas(config.num_sms, interpret),),
       grid_names=("sm",), scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=(plgpu.InterpretGPUParams() if interpret is True else (interpret or None)))

@@ -82,6 +82,12 @@ class GemmConfig:
   wg_split: Literal["n", "m"] = "n"
 
   @property
+  def ring(self) -> bool:
+    """Whether the kernel is the ring one (a producer warpgroup looping over every (tile, k
+    step) of its CTA): with the fused gather, or with cross_tile."""
+    return self.gather == "fused" or self.cross_tile
+
+  @property
   def block_n_cta(self) -> int:
     """Output columns of one CTA tile."""
     return self.block_n * (self.num_compute_wgs if self.wg_split == "n" else 1)
@@ -111,7 +117,7 @@ class GemmConfig:
     if self.wg_split not in ("n", "m"):
       raise ValueError(f"GemmConfig.wg_split must be 'n' or 'm', got {self.wg_split!r}")
     if self.wg_split == "m" and not (self.num_compute_wgs == 2 and self.block_m == 128
-                                     and (self.gather == "fused" or self.cross_tile)):
+                                     and self.ring):
       raise ValueError("GemmConfig.wg_split='m' needs num_compute_wgs=2, block_m=128 and the "
                        "ring kernel (gather='fused' or cross_tile=True), got "
                        f"num_compute_wgs={self.num_compute_wgs}, block_m={self.block_m}, "

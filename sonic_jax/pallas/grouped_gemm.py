@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas import cp_async
+from sonic_jax.pallas.grid import persistent_ctas
 from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.configs import GemmConfig
 
@@ -39,15 +40,6 @@ _PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused-gather
 def _consumer_regs(wgs: int) -> int:
   # 512 registers per thread slot across the warpgroups (64K per SM / 128 threads), in 8s.
   return min(240, (512 - _PRODUCER_REGS) // wgs // 8 * 8)
-
-
-def _num_sms(config: GemmConfig, interpret: bool) -> int:
-  if config.num_sms is not None:
-    return config.num_sms
-  if interpret:
-    return 2  # the interpreter runs the grid sequentially; a few "SMs" exercise the striding
-  # Off a GPU (lowering for CUDA on a CPU host) assume an H100 / H200 SXM: 132 SMs.
-  return getattr(jax.devices()[0], "core_count", None) or 132
 
 
 def _interpret_params(interpret):
@@ -91,7 +83,7 @@ def smem_bytes(config: GemmConfig, *, epilogue: Epilogue, inference: bool = Fals
   stage = (bm * bk + n_b * bk * config.block_n_cta) * itemsize
   epi = wgs * epilogue_tiles(swiglu, inference) * config.block_m_wg * bn * itemsize
   ring = config.max_concurrent_steps * stage
-  if config.gather == "fused" or config.cross_tile:  # ring and epilogue tiles live together
+  if config.ring:  # ring and epilogue tiles live together
     return ring + epi
   # One warpgroup: the pipeline's ring is freed before the epilogue tiles are allocated.
   return ring + epi if wgs > 1 else max(ring, epi)
@@ -300,11 +292,12 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     """wg_slice: this warpgroup's rows of the A tile (split_m) or columns of the B tiles."""
     if split_m:
       a_smem = a_smem.at[wg_slice]
+    split_b = wgs > 1 and not split_m
     for acc, b in zip(accs, b_smems):
       if transpose_rhs:
-        b_op = b.at[wg_slice].T if wgs > 1 and not split_m else b.T
+        b_op = b.at[wg_slice].T if split_b else b.T
       else:
-        b_op = b.at[:, wg_slice] if wgs > 1 and not split_m else b
+        b_op = b.at[:, wg_slice] if split_b else b
       plgpu.wgmma(acc, a_smem, b_op)
 
   def wg_window(wg, row_start, rows, off, row_load):
@@ -530,8 +523,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
-  common = dict(out_type=out_type, grid=(_num_sms(config, bool(interpret)),), grid_names=("sm",),
-                compiler_params=params, interpret=_interpret_params(interpret))
+  common = dict(out_type=out_type, grid=(persistent_ctas(config.num_sms, interpret),),
+                grid_names=("sm",), compiler_params=params,
+                interpret=_interpret_params(interpret))
   if fused_gather or config.cross_tile:
     slots = config.max_concurrent_steps
     itemsize = jnp.dtype(dtype).itemsize

@@ -33,7 +33,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas import cp_async
-from sonic_jax.pallas.dh import _num_sms, interpret_params
+from sonic_jax.pallas.dh import interpret_params
+from sonic_jax.pallas.grid import persistent_ctas
 from sonic_jax.routing import RoutingPlan
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -292,7 +293,7 @@ def grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, *,
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((g, m, n), out_dtype),
-      grid=(_num_sms(config, bool(interpret)),),
+      grid=(persistent_ctas(config.num_sms, interpret),),
       grid_names=("sm",),
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -496,7 +497,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
-      grid=(_num_sms(config, interp),),
+      grid=(persistent_ctas(config.num_sms, interp),),
       grid_names=("sm",),
       num_threads=wgs + 1,
       thread_name="wg",
