@@ -106,6 +106,15 @@ def sampled_rel(result, ref) -> float:
   return float(np.sqrt(num / max(den, 1e-30)))
 
 
+# Earlier defaults, kept as explicit comparison points: the plain GEMMs' pipeline restarted per
+# tile (session 2) and the fused up_proj with the consumers splitting the columns (session 4).
+RESTARTED_PLAIN = cfgs.GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
+                                  grid_tile_width=16, num_compute_wgs=2)
+SPLIT_N_FUSED_UP = cfgs.GemmConfig(block_m=128, block_n=64, block_k=32, max_concurrent_steps=6,
+                                   grid_tile_width=16, num_compute_wgs=2, gather="fused",
+                                   epilogue_swizzle=True)
+
+
 def variants(d, n, fused: bool):
   """(name, PallasKernels) for the up/down variants compared: the heuristic table's choice, a
   single-warpgroup pipeline (no warp specialization) and optionally the fused gather."""
@@ -118,11 +127,9 @@ def variants(d, n, fused: bool):
           PallasKernels()),
          ("1wg", PallasKernels(config=cfgs.ForwardConfig(up_proj=single_up, down_proj=single_down,
                                                          dx_pairs=single_down)))]
-  if down_h.cross_tile:  # session 2's default: the pipeline restarted per tile
-    restarted = cfgs.GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
-                                grid_tile_width=16, num_compute_wgs=2)
+  if down_h.cross_tile:
     out.append(("restarted", PallasKernels(config=cfgs.ForwardConfig(
-        down_proj=restarted, dx_pairs=restarted))))
+        down_proj=RESTARTED_PLAIN, dx_pairs=RESTARTED_PLAIN))))
   if fused:  # the other gather mode than the heuristic's
     other = "xla" if up_h.gather == "fused" else "fused"
     out.append((f"{other}-gather", PallasKernels(config=cfgs.ForwardConfig(
@@ -171,13 +178,10 @@ def fused_sweep(d, n):
   (Session 4 also measured block_k 64 x 3 stages and width 4 here: both slower.)"""
   if n % 128:
     return []
-  ws = dict(block_m=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2, gather="fused",
-            epilogue_swizzle=True)
-  out = [("fused split-n w16", cfgs.GemmConfig(block_n=64, grid_tile_width=16, **ws)),
-         ("fused split-m w16", cfgs.GemmConfig(block_n=128, grid_tile_width=16, wg_split="m",
-                                               **ws)),
-         ("fused split-m w8", cfgs.GemmConfig(block_n=128, grid_tile_width=8, wg_split="m",
-                                              **ws))]
+  split_m = dataclasses.replace(SPLIT_N_FUSED_UP, block_n=128, wg_split="m")
+  out = [("fused split-n w16", SPLIT_N_FUSED_UP),
+         ("fused split-m w16", split_m),
+         ("fused split-m w8", dataclasses.replace(split_m, grid_tile_width=8))]
   return [(name, PallasKernels(config=cfgs.ForwardConfig(up_proj=c))) for name, c in out]
 
 
@@ -216,19 +220,17 @@ def run_config(name, shape, args, log):
       log(traceback.format_exc()[-3000:])
 
   # Baselines: XLA dense matmuls of the same total shape, the XLA gather, a copy.
-  a_dense = jax.random.normal(jax.random.key(9), (tk, n), jnp.float32).astype(jnp.bfloat16)
-  if args.skip_baselines:
-    guarded = (lambda g: lambda key, fn: None if key.startswith(("xla_", "copy")) else g(key, fn))(
-        guarded)
-  guarded("xla_dense_up", lambda: record(
-      "xla_dense_up", time_it(lambda a, b: a @ b, xg, w1[0]), fl_up))
-  guarded("xla_dense_down", lambda: record(
-      "xla_dense_down", time_it(lambda a, b: a @ b, a_dense, w2[0]), fl_down))
-  guarded("xla_gather", lambda: record(
-      "xla_gather", time_it(lambda a, i: a[i], x, plan.gather_idx),
-      gb=2 * tk * d * 2 / 1e9))
-  guarded("copy", lambda: record(
-      "copy (-x_gathered)", time_it(lambda a: -a, xg), gb=2 * tk * d * 2 / 1e9))
+  if not args.skip_baselines:
+    a_dense = jax.random.normal(jax.random.key(9), (tk, n), jnp.float32).astype(jnp.bfloat16)
+    guarded("xla_dense_up", lambda: record(
+        "xla_dense_up", time_it(lambda a, b: a @ b, xg, w1[0]), fl_up))
+    guarded("xla_dense_down", lambda: record(
+        "xla_dense_down", time_it(lambda a, b: a @ b, a_dense, w2[0]), fl_down))
+    guarded("xla_gather", lambda: record(
+        "xla_gather", time_it(lambda a, i: a[i], x, plan.gather_idx),
+        gb=2 * tk * d * 2 / 1e9))
+    guarded("copy", lambda: record(
+        "copy (-x_gathered)", time_it(lambda a: -a, xg), gb=2 * tk * d * 2 / 1e9))
   copy_ms = rec["results"].get("copy (-x_gathered)", {}).get("ms")
   if copy_ms:  # read + write bytes per second of an elementwise pass: the copy bandwidth
     rec["copy_gbps"] = 2 * tk * d * 2 / (copy_ms * 1e-3) / 1e9
@@ -331,16 +333,12 @@ def run_config(name, shape, args, log):
       out.append(("fused-bwd-2wg", PallasKernels(config=cfgs.ForwardConfig(
           dh=dh_config_for(d, n, gather="fused"), **fw2))))
     if args.train_tilings:  # session 6's forward tilings against session 5's, one at a time
-      s5_up = cfgs.GemmConfig(block_m=128, block_n=64, block_k=32, max_concurrent_steps=6,
-                              grid_tile_width=16, num_compute_wgs=2, gather="fused",
-                              epilogue_swizzle=True)
-      s5_plain = cfgs.GemmConfig(block_m=128, block_n=128, block_k=32, max_concurrent_steps=6,
-                                 grid_tile_width=16, num_compute_wgs=2)
       out = [("default", PallasKernels()),
              ("s5-tilings", PallasKernels(config=cfgs.ForwardConfig(
-                 up_proj=s5_up, down_proj=s5_plain, dx_pairs=s5_plain))),
-             ("s5-dx", PallasKernels(config=cfgs.ForwardConfig(dx_pairs=s5_plain))),
-             ("s5-up", PallasKernels(config=cfgs.ForwardConfig(up_proj=s5_up)))]
+                 up_proj=SPLIT_N_FUSED_UP, down_proj=RESTARTED_PLAIN,
+                 dx_pairs=RESTARTED_PLAIN))),
+             ("s5-dx", PallasKernels(config=cfgs.ForwardConfig(dx_pairs=RESTARTED_PLAIN))),
+             ("s5-up", PallasKernels(config=cfgs.ForwardConfig(up_proj=SPLIT_N_FUSED_UP)))]
     if args.train_all:
       out += [("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
               ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(

@@ -354,7 +354,6 @@ class Runner:
     def fwd_train(*a):
       return jax.vjp(layer, *a)
 
-
     def fwdbwd(*a):
       *xs, gg = a
       return jax.vjp(layer, *xs)[1](gg)
@@ -367,7 +366,8 @@ class Runner:
     want_fwdbwd = "fwdbwd" in modes or ("bwd" in modes and not opts.bwd_direct)
     results = row["modes"]
     if want_fwd:
-      results["fwd"] = self._mode_entry("fwd", self._time(training_forward(layer), args), pairs, cfg)
+      results["fwd"] = self._mode_entry("fwd", self._time(training_forward(layer), args), pairs,
+                                        cfg)
       self._say_mode(cfg, impl, "fwd", results["fwd"])
     if "bwd" in modes and opts.bwd_direct:
       vjp_fn = jax.jit(fwd_train)(*args)[1]
