@@ -16,20 +16,12 @@
 # TRAIN_PALLAS_S, TRITON_BENCH_S, SELECT_S, BENCH_ARGS. A device call returns at most 8 files from
 # $OUT: the logs of steps 0-4 are packed into $OUT/logs.tgz, the benchmark writes into $OUT.
 set -uo pipefail
-T0=$(date +%s)
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+source scripts/device_env.sh
 OUT=${OUT:-$PWD/checks_out}
 LOGS=/tmp/checks_logs  # packed into $OUT/logs.tgz after every step (8-file limit of a call)
 mkdir -p "$OUT" "$LOGS" /tmp/triton
 pack() { tar czf "$OUT/logs.tgz" -C /tmp checks_logs triton; }
-PY=${PYTHON:-python3}
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
-since() { echo $(( $(date +%s) - T0 )); }
-if compgen -G ".gpu_wheels/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .gpu_wheels/*.whl || echo "warning: wheel install failed"
-  export PYTHONPATH=$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages
-fi
+install_wheels .gpu_wheels /tmp/site/nvidia_cutlass_dsl/python_packages
 if [ "${SHARD_TEST_S:-0}" -gt 0 ]; then
   echo "== [$(since) s] sharding GPU tests"
   timeout "$SHARD_TEST_S" $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_sharding_gpu.py \

@@ -7,13 +7,11 @@
 # The library is built on the CPU box (python -m sonic_jax.ffi.build, docs/ffi.md). Knobs:
 # FT_S (fused tests, 150), ALL_S (all ffi GPU tests, 150), MC_S (memcheck, 120), SW_S (sweep, 150).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+source scripts/device_env.sh
 OUT=${OUT:-$PWD/ffi_out}
 LOGS=/tmp/ffi_logs
 mkdir -p "$OUT" "$LOGS"
 pack() { tar czf "$OUT/ffi_logs.tgz" -C /tmp ffi_logs; }
-PY=${PYTHON:-python3}
 step() {  # name, seconds, command...
   local name=$1 secs=$2; shift 2
   echo "== $name"

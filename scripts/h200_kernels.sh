@@ -13,20 +13,12 @@
 # Knobs: PF_TEST_S, PF_TEST_K, PF_BENCH_S, PF_CONFIGS, PF_PARTS, PF_ARGS, PB_TEST_S, PB_TEST_K,
 # PB_BENCH_S, PB_ARGS, TRITON_TEST_S, SELECT_S, SELECT_CONFIGS.
 set -uo pipefail
-T0=$(date +%s)
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+source scripts/device_env.sh
 OUT=${OUT:-$PWD/kernels_out}
 LOGS=/tmp/kernel_logs
 mkdir -p "$OUT" "$LOGS"
 pack() { tar czf "$OUT/logs.tgz" -C /tmp kernel_logs; }
-PY=${PYTHON:-python3}
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
-since() { echo $(( $(date +%s) - T0 )); }
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .whl/*.whl || echo "warning: wheel install failed"
-  export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+install_wheels .whl
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$LOGS/gpu.txt"
 if [ "${PF_TEST_S:-150}" -gt 0 ]; then
   echo "== [$(since) s] Pallas forward GPU tests"

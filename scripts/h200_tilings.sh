@@ -11,18 +11,10 @@
 #   run(command="bash scripts/h200_tilings.sh", carry=[".whl"], timeout_s=600)
 # Knobs: TEST_S (160), PB_S (120), PF_S (200), PF_CONFIGS, FFI_S (0).
 set -uo pipefail
-T0=$(date +%s)
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+source scripts/device_env.sh
 OUT=${OUT:-$PWD/tilings_out}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
-since() { echo $(( $(date +%s) - T0 )); }
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      .whl/*.whl || echo "warning: wheel install failed"
-  export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+install_wheels .whl
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 
 echo "== [$(since) s] GPU tests: forward defaults, cross-tile, wgrad rings"
