@@ -9,9 +9,10 @@ Composition (each step one FFI call, all device-side, no host sync, CUDA-graph c
   combine   one kernel, 16-byte loads, fp32 accumulation (weighted or not)
 A comes from the bf16-rounded H, as the backward recomputes it (session 1 wrote an fp32
 accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax.ffi.schedules.
-``FfiKernels(fused_gather=True)`` (opt-in, not yet measured faster) lets up_proj and dh read
-the x / dO rows through gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead
-of gathering a (P, d) copy first; dw1 / dw2 still gather. The epilogues are separate kernels.
+``FfiKernels(fused_gather=True)`` (opt-in: correct on the H200 but slower than gathering first,
+docs/ffi.md) lets up_proj and dh read the x / dO rows through gather_idx inside the GEMM
+(cp.async producer, GitHub issue #5) instead of gathering a (P, d) copy first; dw1 / dw2 still
+gather. The epilogues are separate kernels.
 """
 
 from __future__ import annotations
