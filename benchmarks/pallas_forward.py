@@ -339,6 +339,19 @@ def run_config(name, shape, args, log):
                  dx_pairs=RESTARTED_PLAIN))),
              ("s5-dx", PallasKernels(config=cfgs.ForwardConfig(dx_pairs=RESTARTED_PLAIN))),
              ("s5-up", PallasKernels(config=cfgs.ForwardConfig(up_proj=SPLIT_N_FUSED_UP)))]
+    if args.train_mixes and n % 256 == 0 and d % 128 == 0:
+      # Per-kernel gather modes: which gathered (P, d) copy (x for dW1, dO for dh and dW2) is
+      # worth its memory; "default" is backward_gathers="auto".
+      fdh = dh_config_for(d, n, gather="fused")
+      xw1 = wgrad_config_for(d, 2 * n, gather="xla", gathered="lhs")
+      xw2 = wgrad_config_for(n, d, gather="xla", gathered="rhs")
+      out = [("default", PallasKernels()),
+             ("xla-gathers", PallasKernels(backward_gathers="xla")),
+             ("fused-dw1", PallasKernels(config=cfgs.ForwardConfig(
+                 dh=dh_config_for(d, n), dw1=fw2["dw1"], dw2=xw2))),
+             ("fused-dO", PallasKernels(config=cfgs.ForwardConfig(
+                 dh=fdh, dw1=xw1, dw2=fw2["dw2"]))),
+             ("fused-bwd-2wg", PallasKernels(backward_gathers="fused"))]
     if args.train_all:
       out += [("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
               ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
@@ -487,6 +500,9 @@ def main():
                   help=f"comma-separated subset of {','.join(PARTS)} (the fused-gather variant "
                        "runs with up and forward)")
   ap.add_argument("--skip-check", action="store_true")
+  ap.add_argument("--train-mixes", action="store_true",
+                  help="train part: per-kernel backward gather modes (fused dW1 only, fused "
+                       "dh + dW2 only) against auto, all-XLA and all-fused")
   ap.add_argument("--train-all", action="store_true",
                   help="train part: also the single-consumer fused wgrad variants")
   ap.add_argument("--skip-baselines", action="store_true",

@@ -336,6 +336,26 @@ def test_benchmark_sweep_configs_are_valid():
   assert checked > 0
 
 
+def test_default_tilings_tile_every_benchmark_shape():
+  """PallasKernels' default tilings (forward and backward) pass validation at every paper and
+  preset shape, and pick the measured variants: dx_pairs (transposed W1) block_k 64 with rows
+  split between the consumers; dW1 / dW2 on the two-consumer ring with either gather."""
+  import types
+  from sonic_jax import bench
+  kern = PallasKernels()
+  bf16 = jnp.bfloat16
+  for t, d, n, e, k in [c.shape for c in (*bench.PAPER_CONFIGS, *bench.PRESETS)]:
+    x = jax.ShapeDtypeStruct((t, d), bf16)
+    w1, w2 = jax.ShapeDtypeStruct((e, d, 2 * n), bf16), jax.ShapeDtypeStruct((e, n, d), bf16)
+    kern.validate(x, types.SimpleNamespace(capacity=t * k), w1, w2)
+    dx = kern._dx_config(2 * n, d)
+    if d % 256 == 0 and 2 * n >= 2048:
+      assert (dx.block_k, dx.block_n, dx.wg_split, dx.cross_tile) == (64, 256, "m", True)
+    dw1, dw2 = kern._dw1_config(d, 2 * n), kern._dw2_config(n, d)
+    assert dw1.num_compute_wgs == 2 and dw1.block_n == 256
+    assert dw2.num_compute_wgs == 2 and dw2.block_m == 256
+
+
 def test_validate_rejects_untileable_shapes():
   plan = _case("straddle_e5")
   kern = PallasKernels(interpret=True)

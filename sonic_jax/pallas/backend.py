@@ -80,7 +80,7 @@ class PallasKernels(ExpertKernels):
     return self.config.down_proj or cfg_lib.plain_gemm_config(n, d)
 
   def _dx_config(self, two_n, d):
-    return self.config.dx_pairs or cfg_lib.plain_gemm_config(two_n, d)
+    return self.config.dx_pairs or cfg_lib.plain_gemm_config(two_n, d, transpose_rhs=True)
 
   def _combine_config(self, d):
     return self.config.combine or cfg_lib.combine_config(d)

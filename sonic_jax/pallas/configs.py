@@ -170,22 +170,37 @@ def _block_k(k: int) -> int:
   return 64 if k % 64 == 0 else 32
 
 
-def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla") -> GemmConfig:
-  """Heuristic for a grouped GEMM (P, k) x (k, n) without epilogue (down_proj, dx_pairs)."""
+def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla",
+                      transpose_rhs: bool = False) -> GemmConfig:
+  """Heuristic for a grouped GEMM (P, k) x (k, n) without epilogue: down_proj, or with
+  ``transpose_rhs`` (rhs stored (E, n, k)) dx_pairs = dH · W1ᵀ."""
   bk = _block_k(k)
   if n % 256 == 0:
     # The across-tiles ring (cross_tile): its producer loads the next tile while the consumers
     # finish this one. H200, session 6 (pallas-forward-h200-2026-12-03-s6.md), against the
     # restarted pipeline (128 x 128 x 32, 6 stages): down_proj 1.846 / 2.071 ms at 30B-512,
-    # 3.161 / 3.390 at 120B-2048, 7.059 / 8.498 at DeepSeek-V3-like (128 x 128 x 64, 3 stages);
-    # with k >= 4096 (dx_pairs at n >= 2048) the warpgroups split the rows (64 x 256 each):
-    # dx_pairs 7.277 / 8.934 ms at 120B-2048, 28.82 / 29.91 at DeepSeek-V3-like.
+    # 3.161 / 3.390 at 120B-2048, 7.059 / 8.498 at DeepSeek-V3-like (128 x 128 x 64, 3 stages).
     ring = dict(block_m=128, grid_tile_width=16, num_compute_wgs=2, gather=gather,
                 cross_tile=True)
+    if transpose_rhs and k >= 2048 and k % 64 == 0:
+      # The transposed rhs tile is (block_n rows of W1, block_k columns): block_k 32 makes
+      # 64-byte TMA rows, block_k 64 full 128-byte swizzled rows. Rows split between the
+      # consumers (64 x 256 each), snake width 8. H200, session 7
+      # (pallas-forward-h200-2026-12-03-s7-down-sweep.md): dx_pairs 12.93 ms against 27.79
+      # (64 x 256, block_k 32, 6 stages) at DeepSeek-V3-like, 3.099 against 3.132 (128 x 128
+      # x 64) at 30B-1024. Shorter contractions (k < 2048) were not timed with it.
+      return GemmConfig(block_n=256, block_k=64, max_concurrent_steps=3, wg_split="m",
+                        **{**ring, "grid_tile_width": 8})
     if k >= 4096 and k % 32 == 0:
+      # Long contractions: the warpgroups split the rows (64 x 256 each); session 6's dx_pairs
+      # 7.277 / 8.934 ms at 120B-2048 (restarted pipeline), before block_k 64 above.
       return GemmConfig(block_n=256, block_k=32, max_concurrent_steps=6, wg_split="m", **ring)
     if bk == 64:
-      return GemmConfig(block_n=128, block_k=64, max_concurrent_steps=3, **ring)
+      # Snake width 8 on wide outputs: down_proj 6.558 against 6.946 ms (width 16) at
+      # DeepSeek-V3-like (n = 7168); 1.659 against 1.639 at 30B-1024 (n = 4096), so 16 there.
+      width = 8 if n > 4096 else 16
+      return GemmConfig(block_n=128, block_k=64, max_concurrent_steps=3,
+                        **{**ring, "grid_tile_width": width})
     return GemmConfig(block_n=128, block_k=32, max_concurrent_steps=6, **ring)
   if n % 128 == 0:
     return GemmConfig(block_m=128, block_n=128, block_k=bk, max_concurrent_steps=5,

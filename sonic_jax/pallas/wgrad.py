@@ -114,26 +114,30 @@ def smem_bytes(config: WgradConfig, itemsize: int = 2) -> int:
 
 def wgrad_config_for(m: int, n: int, *, gather: Literal["xla", "fused"] = "xla",
                      gathered: Literal["lhs", "rhs"] | None = None) -> WgradConfig:
-  """Default tiling for an (E, m, n) output: 128-wide tiles where the shape allows, else 64;
-  5 stages and a planar-snake width of 4 (dW1 at T=32768, d=4096, n=1024, E=128, K=8 on H200:
-  6.52 ms against 6.76 ms with 4 stages and width 1).
+  """Default tiling for an (E, m, n) output.
 
-  gather="fused": with ``gathered`` (the side the kernel gathers: "lhs" for dW1, "rhs" for dW2)
-  and the plain side's dim a multiple of 256, two consumer warpgroups on a 256-wide plain side,
-  3 stages (H200, same shape: dW1 8.25 ms, dW2 4.28 ms, against 11.02 / 6.48 ms with one
-  consumer; benchmarks/results/pallas-backward-gathers-h200-2026-12-03-s5.md). Otherwise the
-  default tiles with the deepest ring (<= 5) that fits SMEM next to the output tile."""
+  With ``gathered`` (the row-gathered side: "lhs" for dW1 = xᵀ·dH, "rhs" for dW2 = A'ᵀ·dO)
+  and the other side's dim a multiple of 256: two consumer warpgroups sharing the gathered
+  tile, a 256-wide plain side, 3 stages, for either ``gather`` (fused on H200 at T=32768,
+  d=4096, n=1024, E=128, K=8: dW1 8.25 ms, dW2 4.28 ms, against 11.02 / 6.48 ms with one
+  consumer; benchmarks/results/pallas-backward-gathers-h200-2026-12-03-s5.md).
+  Otherwise 128-wide tiles where the shape allows, else 64; planar-snake width 4; 5 stages
+  with gather="xla" (dW1 at the same shape: 6.52 ms against 6.76 ms with 4 stages and width
+  1), with "fused" the deepest ring (<= 5) that fits SMEM next to the output tile."""
   config = WgradConfig(block_m=128 if m % 128 == 0 else 64,
                        block_n=128 if n % 128 == 0 else 64,
                        max_concurrent_steps=5, grid_block_n=4)
-  if gather == "xla":
-    return config
+  # Two consumers on the ring kernel, for either gather. With gather="xla" both operands come
+  # by TMA (H200, same shape, pallas-backward-wgrad-h200-2026-12-03-s7.md: dW1 6.555 ms, dW2
+  # 3.224 ms, against 6.718 / 3.367 ms for the one-consumer 128 x 128 default).
   if gathered == "lhs" and n % 256 == 0 and m % 128 == 0:
     return WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
-                       gather="fused", num_compute_wgs=2)
+                       gather=gather, num_compute_wgs=2)
   if gathered == "rhs" and m % 256 == 0 and n % 128 == 0:
     return WgradConfig(block_m=256, block_n=128, max_concurrent_steps=3, grid_block_n=4,
-                       gather="fused", num_compute_wgs=2)
+                       gather=gather, num_compute_wgs=2)
+  if gather == "xla":
+    return config
   for steps in (5, 4, 3, 2):
     fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)
     if smem_bytes(fused) <= SMEM_LIMIT:
