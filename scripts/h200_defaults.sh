@@ -5,9 +5,11 @@
 #      the XLA-gathered two-consumer dW ring against the one-consumer kernel;
 #   2. the layer benchmark (benchmarks/run_h200.sh) of the pallas backend on the 12 paper
 #      configs and the 4 presets, no checks (the kernels were checked in step 1 and in the
-#      down-sweep run), with the time left.
+#      down-sweep run), with TOTAL_S minus what the tests took;
+#   3. (MIX_S > 0 extra seconds, or time the benchmark left) pallas_forward.py --train-mixes:
+#      the layer step with per-kernel backward gather modes at MIX_CONFIGS (time and memory).
 #   run(command="bash scripts/h200_defaults.sh", carry=[".whl"], timeout_s=600)
-# Knobs: TEST_S (130), TOTAL_S (585: the whole call), BENCH_TAG (pallas-s7).
+# Knobs: TEST_S (130), TOTAL_S (585: tests + benchmark), MIX_S (0), MIX_CONFIGS, BENCH_TAG.
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/defaults_out}
@@ -25,4 +27,13 @@ echo "== [$(since) s] layer benchmark, ${left} s"
 WHEELS_DIR=installed ISOLATE=0 BUILD_FFI=0 RESULTS_DIR=$OUT BENCH_TOTAL_S=$left \
   BENCH_ARGS="--configs paper presets --backends pallas --baselines none --warmup 1 --iters 5 --no-check --no-plots --tag ${BENCH_TAG:-pallas-s7}" \
   bash benchmarks/run_h200.sh 2>&1 | tail -n 30
+
+left=$(( ${TOTAL_S:-585} + ${MIX_S:-0} - $(since) ))
+if [ "$left" -gt 30 ]; then
+  echo "== [$(since) s] per-kernel backward gather modes (--train-mixes), ${left} s"
+  mkdir -p "$OUT/mixes"
+  timeout "$left" $PY benchmarks/pallas_forward.py --out-dir "$OUT/mixes" \
+    --configs "${MIX_CONFIGS:-120B-1024,1.4B-512}" --parts train --train-mixes --skip-check \
+    --skip-baselines --iters 5 2>&1 | grep "train\[" | tail -n 12
+fi
 echo "== [$(since) s] done"
