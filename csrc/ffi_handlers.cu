@@ -16,7 +16,8 @@ size_t grouped_gemm_workspace_bytes(GemmKind kind, int config, int num_groups) {
     case GemmKind::kVarlenMNNBf16: return varlen_m_nn_workspace_bytes(false, config, num_groups);
     case GemmKind::kVarlenMNTF32: return varlen_m_nt_f32_workspace_bytes(config, num_groups);
     case GemmKind::kVarlenMNTBf16: return varlen_m_nt_bf16_workspace_bytes(config, num_groups);
-    case GemmKind::kVarlenKF32: return varlen_k_workspace_bytes(config, num_groups);
+    case GemmKind::kVarlenKF32: return varlen_k_workspace_bytes(true, config, num_groups);
+    case GemmKind::kVarlenKBf16: return varlen_k_workspace_bytes(false, config, num_groups);
     case GemmKind::kVarlenMGatherNNBf16:
       return varlen_m_gather_workspace_bytes(false, config, num_groups);
     case GemmKind::kVarlenMGatherNTF32:
@@ -32,7 +33,8 @@ std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams&
     case GemmKind::kVarlenMNNBf16: return run_varlen_m_nn(false, config, p, stream);
     case GemmKind::kVarlenMNTF32: return run_varlen_m_nt_f32(config, p, stream);
     case GemmKind::kVarlenMNTBf16: return run_varlen_m_nt_bf16(config, p, stream);
-    case GemmKind::kVarlenKF32: return run_varlen_k(config, p, stream);
+    case GemmKind::kVarlenKF32: return run_varlen_k(true, config, p, stream);
+    case GemmKind::kVarlenKBf16: return run_varlen_k(false, config, p, stream);
     case GemmKind::kVarlenMGatherNNBf16: return run_varlen_m_gather(false, config, p, stream);
     case GemmKind::kVarlenMGatherNTF32: return run_varlen_m_gather(true, config, p, stream);
     default: return "unknown GEMM kind " + std::to_string(static_cast<int>(kind));
@@ -115,7 +117,7 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
                          d->element_type() == (f32_out ? ffi::F32 : ffi::BF16),
                      "grouped_gemm: b must be bf16 and d " + std::string(f32_out ? "f32" : "bf16"));
       e.failure()) return e;
-  if (k == GemmKind::kVarlenKF32) {
+  if (k == GemmKind::kVarlenKF32 || k == GemmKind::kVarlenKBf16) {
     p.m = static_cast<int>(ad[1]);
     p.n = static_cast<int>(bd.size() == 2 ? bd[1] : -1);
     if (auto e = check(bd.size() == 2 && bd[0] == ad[0] && dd.size() == 3 &&

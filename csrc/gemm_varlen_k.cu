@@ -1,32 +1,39 @@
-// Varlen-K grouped GEMM for the weight gradients: dW1_e = Xgᵀ·dH, dW2_e = A'ᵀ·dOg (fp32 out).
+// Varlen-K grouped GEMM for the weight gradients: dW1_e = Xgᵀ·dH, dW2_e = A'ᵀ·dOg (fp32
+// accumulation; fp32 or bf16 out).
 #include "grouped_gemm.cuh"
 
 namespace sonic {
 namespace detail {
-template <class Config>
-using VK = VarlenK<GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float,
+template <class Out, class Config>
+using VK = VarlenK<GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, Out,
                                Config>>;
 }  // namespace detail
 using namespace detail;
 
-template <class Fn>
+template <class Out, class Fn>
 static bool dispatch_k(int config, Fn fn) {
   switch (config) {
-    case 0: fn(VK<Pingpong128x128C2x1>{}); return true;
-    case 3: fn(VK<Cooperative128x256C1x2>{}); return true;
+    case 0: fn(VK<Out, Pingpong128x128C2x1>{}); return true;
+    case 3: fn(VK<Out, Cooperative128x256C1x2>{}); return true;
     default: return false;
   }
 }
 
-size_t varlen_k_workspace_bytes(int config, int num_groups) {
+template <class Fn>
+static bool dispatch_k(bool f32_out, int config, Fn fn) {
+  return f32_out ? dispatch_k<float>(config, fn) : dispatch_k<cutlass::bfloat16_t>(config, fn);
+}
+
+size_t varlen_k_workspace_bytes(bool f32_out, int config, int num_groups) {
   size_t bytes = 0;
-  dispatch_k(config, [&](auto g) { bytes = g.workspace_bytes(num_groups); });
+  dispatch_k(f32_out, config, [&](auto g) { bytes = g.workspace_bytes(num_groups); });
   return bytes;
 }
 
-std::string run_varlen_k(int config, const GroupedGemmParams& p, cudaStream_t stream) {
+std::string run_varlen_k(bool f32_out, int config, const GroupedGemmParams& p,
+                         cudaStream_t stream) {
   std::string err;
-  if (!dispatch_k(config, [&](auto g) { err = g.run(p, stream); })) {
+  if (!dispatch_k(f32_out, config, [&](auto g) { err = g.run(p, stream); })) {
     return unsupported_config("varlen-K", config);
   }
   return err;

@@ -20,12 +20,15 @@ enum class GemmKind : int {
   // A rows gathered in the mainloop (cp.async): D[p, N] = src[gather_idx[p], K] · op(B_e).
   kVarlenMGatherNNBf16 = 5,  // B_e (K, N) row-major, D bf16 (up_proj)
   kVarlenMGatherNTF32 = 6,   // B_e (N, K) row-major used transposed, D fp32 (dh)
-  kNumKinds = 7,
+  // Varlen-K with bf16 D (fp32 accumulation): the weight gradients in the weights' dtype,
+  // without an fp32 (E, M, N) buffer and a cast pass over it.
+  kVarlenKBf16 = 7,
+  kNumKinds = 8,
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
-// config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K has 0
-// and 3, the gather kinds have 4 and 5 (cp.async producer, no cluster). The workspace query
+// config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K
+// (both outputs) has 0 and 3, the gather kinds have 4 and 5 (cp.async producer, no cluster). The workspace query
 // returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
@@ -77,8 +80,9 @@ size_t varlen_m_nt_f32_workspace_bytes(int config, int num_groups);
 std::string run_varlen_m_nt_f32(int config, const GroupedGemmParams& p, cudaStream_t stream);
 size_t varlen_m_nt_bf16_workspace_bytes(int config, int num_groups);
 std::string run_varlen_m_nt_bf16(int config, const GroupedGemmParams& p, cudaStream_t stream);
-size_t varlen_k_workspace_bytes(int config, int num_groups);
-std::string run_varlen_k(int config, const GroupedGemmParams& p, cudaStream_t stream);
+size_t varlen_k_workspace_bytes(bool f32_out, int config, int num_groups);
+std::string run_varlen_k(bool f32_out, int config, const GroupedGemmParams& p,
+                         cudaStream_t stream);
 size_t varlen_m_gather_workspace_bytes(bool nt_f32, int config, int num_groups);
 std::string run_varlen_m_gather(bool nt_f32, int config, const GroupedGemmParams& p,
                                 cudaStream_t stream);

@@ -122,7 +122,7 @@ def test_gemm_kinds_match_the_header():
   enum = dict(re.findall(r"\bk(VarlenM\w+|VarlenK\w+) = (\d+)", text))
   want = {"VarlenMNNF32": GemmKind.VARLEN_M_NN_F32, "VarlenMNNBf16": GemmKind.VARLEN_M_NN_BF16,
           "VarlenMNTF32": GemmKind.VARLEN_M_NT_F32, "VarlenMNTBf16": GemmKind.VARLEN_M_NT_BF16,
-          "VarlenKF32": GemmKind.VARLEN_K_F32,
+          "VarlenKF32": GemmKind.VARLEN_K_F32, "VarlenKBf16": GemmKind.VARLEN_K_BF16,
           "VarlenMGatherNNBf16": GemmKind.VARLEN_M_GATHER_NN_BF16,
           "VarlenMGatherNTF32": GemmKind.VARLEN_M_GATHER_NT_F32}
   assert {k: int(v) for k, v in enum.items()} == {k: int(v) for k, v in want.items()}
@@ -151,12 +151,14 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
     if start is not None:  # one dispatch function of a TU that has several
       body = body[body.index(start):]
       body = body[:body.index("default:")]
-    return re.findall(r"case (\d): fn\(\w+<(?:Bf16, )?(\w+)>", body)
+    return re.findall(r"case (\d): fn\(\w+<(?:\w+, )?(\w+)>", body)
   for path, start, kind in (
       ("gemm_varlen_m_nn.cu", None, GemmKind.VARLEN_M_NN_BF16),
       ("gemm_varlen_m_nt_f32.cu", None, GemmKind.VARLEN_M_NT_F32),
       ("gemm_varlen_m_nt_bf16.cu", None, GemmKind.VARLEN_M_NT_BF16),
+      # One switch serves both outputs (templated on the output type).
       ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_F32),
+      ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_BF16),
       # One switch serves both gathered kinds (templated on the kind's launcher).
       ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NN_BF16),
       ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NT_F32)):
@@ -423,7 +425,7 @@ def test_every_gemm_schedule_matches_xla(kind, config, data):
       args, want = (data["a"][:p], dog), XlaKernels().dw2(data["dout"], data["a"][:p], plan)
     got = jax.jit(lambda l, r, o: ops.grouped_gemm(l, r, o, kind, config=config))(*args, offs)
     tol = F32_TOL if got.dtype == jnp.float32 else BF16_TOL
-    rows = None if kind == GemmKind.VARLEN_K_F32 else _rows(plan)
+    rows = None if kind in schedules.VARLEN_K_KINDS else _rows(plan)
     assert _rel(got, want, rows) < tol, routing
 
 

@@ -94,7 +94,7 @@ class FfiKernels(ExpertKernels):
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets
     dog = ops.gather_rows(dout, plan.gather_idx, offs)
-    return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_F32)
+    return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
 
   def dx_pairs(self, dh, w1, plan):
     return ops.grouped_gemm(dh, w1, plan.group_offsets, GemmKind.VARLEN_M_NT_BF16)
@@ -102,4 +102,4 @@ class FfiKernels(ExpertKernels):
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
     xg = ops.gather_rows(x, plan.gather_idx, offs)
-    return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_F32)
+    return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)

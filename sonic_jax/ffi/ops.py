@@ -34,13 +34,13 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
   """Grouped GEMM of kind ``kind`` with tile schedule ``config`` (None: schedules.pick).
 
   varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT] -> (P, N).
-  varlen-K: a (P, M), b (P, N) -> (E, M, N) fp32.
+  varlen-K: a (P, M), b (P, N) -> (E, M, N), fp32 or bf16 by kind.
   """
   kind = GemmKind(kind)
   if kind in GATHER_KINDS:
     raise ValueError(f"kind {kind.name} gathers its A rows: call gathered_grouped_gemm")
   num_groups = group_offsets.shape[0] - 1
-  if kind == GemmKind.VARLEN_K_F32:
+  if kind in schedules.VARLEN_K_KINDS:
     out_shape = (num_groups, a.shape[1], b.shape[1])
     dims = out_shape[1:]
   elif kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NN_BF16):
@@ -52,8 +52,7 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
   if config is None:
     config = schedules.pick(kind, *dims)
   config = schedules.check(kind, config)
-  out_dtype = _F32 if kind in (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NT_F32,
-                               GemmKind.VARLEN_K_F32) else _BF16
+  out_dtype = _F32 if kind in schedules.F32_OUT_KINDS else _BF16
   ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
   out, _ = _call("sonic_jax_grouped_gemm",
                  (jax.ShapeDtypeStruct(out_shape, out_dtype),

@@ -21,6 +21,12 @@ class GemmKind(enum.IntEnum):
   # A rows gathered inside the GEMM (cp.async): D[p] = src[gather_idx[p]] · op(B_e).
   VARLEN_M_GATHER_NN_BF16 = 5  # B_e (K, N), bf16 out (up_proj)
   VARLEN_M_GATHER_NT_F32 = 6   # B_e (N, K) used transposed, fp32 out (dh)
+  VARLEN_K_BF16 = 7     # varlen-K with bf16 out: weight gradients in the weights' dtype
+
+
+VARLEN_K_KINDS = (GemmKind.VARLEN_K_F32, GemmKind.VARLEN_K_BF16)
+F32_OUT_KINDS = (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_K_F32,
+                 GemmKind.VARLEN_M_GATHER_NT_F32)
 
 
 GATHER_KINDS = (GemmKind.VARLEN_M_GATHER_NN_BF16, GemmKind.VARLEN_M_GATHER_NT_F32)
@@ -50,6 +56,8 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_NT_BF16: _M_CONFIGS,
     GemmKind.VARLEN_K_F32: (GemmConfig.PINGPONG_128x128_C2x1,
                             GemmConfig.COOPERATIVE_128x256_C1x2),
+    GemmKind.VARLEN_K_BF16: (GemmConfig.PINGPONG_128x128_C2x1,
+                             GemmConfig.COOPERATIVE_128x256_C1x2),
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
 }
@@ -63,6 +71,7 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     GemmKind.VARLEN_M_NT_F32: GemmConfig.COOPERATIVE_128x256_C2x1,
     GemmKind.VARLEN_M_NT_BF16: GemmConfig.COOPERATIVE_128x256_C2x1,
     GemmKind.VARLEN_K_F32: GemmConfig.COOPERATIVE_128x256_C1x2,
+    GemmKind.VARLEN_K_BF16: GemmConfig.COOPERATIVE_128x256_C1x2,  # the fp32 kind's default
     # The wider tile wins both (H200, T=32768, d=4096, n=1024, E=128, K=8): up_proj 9.354 vs
     # 10.292 ms, dh 4.324 vs 4.923 (benchmarks/results/raw/ffi-fused-h200-2026-12-03-s6/).
     GemmKind.VARLEN_M_GATHER_NN_BF16: GemmConfig.GATHER_COOP_128x256,
