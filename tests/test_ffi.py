@@ -355,12 +355,15 @@ def test_backward_entry_points_match_xla(routing, data):
   assert _rel(ds, ds_r, rows) < F32_TOL
   dw2 = jax.jit(ffi_k.dw2)(data["dout"], a_prime_r, plan)
   dw2_r = ref.dw2(data["dout"], a_prime_r, plan)
-  assert dw2.shape == (E, N, D) and _rel(dw2, dw2_r) < F32_TOL
+  # dW in bf16 (fp32 accumulation, VARLEN_K_BF16): one rounding of the output, rms ~1.6e-3.
+  assert dw2.shape == (E, N, D) and dw2.dtype == jnp.bfloat16
+  assert _rel(dw2, dw2_r) < 4e-3
   dx = jax.jit(ffi_k.dx_pairs)(data["dh"][:p], data["w1"], plan)
   assert _rel(dx, ref.dx_pairs(data["dh"][:p], data["w1"], plan), rows) < BF16_TOL
   dw1 = jax.jit(ffi_k.dw1)(data["x"], data["dh"][:p], plan)
   dw1_r = ref.dw1(data["x"], data["dh"][:p], plan)
-  assert dw1.shape == (E, D, 2 * N) and _rel(dw1, dw1_r) < F32_TOL
+  assert dw1.shape == (E, D, 2 * N) and dw1.dtype == jnp.bfloat16
+  assert _rel(dw1, dw1_r) < 4e-3
   empty = np.asarray(plan.group_sizes) == 0
   if empty.any():  # varlen-K with K = 0 must write zeros, not leave garbage
     assert np.all(np.asarray(dw1)[empty] == 0) and np.all(np.asarray(dw2)[empty] == 0)
