@@ -175,13 +175,17 @@ def fused_sweep(d, n):
   """Fused-gather up_proj tilings (``--fused-sweep``), explicit so that names mean the same in
   every session's records: the two consumer warpgroups splitting the columns (128 x 2·64 each,
   session 4's default) or the rows (64 x 2·128 each, session 6's), snake widths 16 and 8.
-  (Session 4 also measured block_k 64 x 3 stages and width 4 here: both slower.)"""
+  (Session 4 measured block_k 64 x 3 stages and width 4 with the columns split: both slower.)"""
   if n % 128:
     return []
   split_m = dataclasses.replace(SPLIT_N_FUSED_UP, block_n=128, wg_split="m")
   out = [("fused split-n w16", SPLIT_N_FUSED_UP),
          ("fused split-m w16", split_m),
-         ("fused split-m w8", dataclasses.replace(split_m, grid_tile_width=8))]
+         ("fused split-m w8", dataclasses.replace(split_m, grid_tile_width=8)),
+         # block_k 64 (128-byte gathered row chunks, half the ring's barriers per FLOP) with
+         # the rows split: the same bytes in flight as 6 stages of 32 (untimed before session 7).
+         ("fused split-m bk64 s3 w8", dataclasses.replace(
+             split_m, block_k=64, max_concurrent_steps=3, grid_tile_width=8))]
   return [(name, PallasKernels(config=cfgs.ForwardConfig(up_proj=c))) for name, c in out]
 
 
@@ -351,7 +355,10 @@ def run_config(name, shape, args, log):
                  dh=dh_config_for(d, n), dw1=fw2["dw1"], dw2=xw2))),
              ("fused-dO", PallasKernels(config=cfgs.ForwardConfig(
                  dh=fdh, dw1=xw1, dw2=fw2["dw2"]))),
-             ("fused-bwd-2wg", PallasKernels(backward_gathers="fused"))]
+             ("fused-bwd-2wg", PallasKernels(backward_gathers="fused")),
+             # The default again, last: drift over the run (4 % between two identical
+             # variants at 120B-1024 in session 7) shows as a gap between the two.
+             ("default-again", PallasKernels())]
     if args.train_all:
       out += [("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
               ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(

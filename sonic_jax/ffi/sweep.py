@@ -86,10 +86,12 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
        dense(False, f32), (dog[:rows], w2[0].T), 2 * rows * d * n),
       ("dx_pairs dH·W1ᵀ", GemmKind.VARLEN_M_NT_BF16, (dh, w1), (d, 2 * n),
        dense(False, bf), (dh[:rows], w1[0].T), 2 * rows * 2 * n * d),
-      ("dw1 Xgᵀ·dH", GemmKind.VARLEN_K_F32, (xg, dh), (d, 2 * n),
-       dense(True, f32), (xg[:rows], dh[:rows]), 2 * rows * d * 2 * n),
-      ("dw2 A'ᵀ·dOg", GemmKind.VARLEN_K_F32, (a, dog), (n, d),
-       dense(True, f32), (a[:rows], dog[:rows]), 2 * rows * n * d),
+      # The backend's weight-gradient kind (bf16 out, fp32 accumulation) against a dense
+      # matmul with the same output dtype.
+      ("dw1 Xgᵀ·dH", GemmKind.VARLEN_K_BF16, (xg, dh), (d, 2 * n),
+       dense(True, bf), (xg[:rows], dh[:rows]), 2 * rows * d * 2 * n),
+      ("dw2 A'ᵀ·dOg", GemmKind.VARLEN_K_BF16, (a, dog), (n, d),
+       dense(True, bf), (a[:rows], dog[:rows]), 2 * rows * n * d),
   ]
   out, best = [], {}
   valid = np.arange(plan.capacity) < rows
@@ -100,7 +102,7 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
     for cfg in schedules.INSTANTIATED[kind]:
       f = jax.jit(lambda l, r, o, c=int(cfg), kd=kind: ops.grouped_gemm(l, r, o, kd, config=c))
       ms, timer, res = gpu_ms(f, *args, offs, iters=iters)
-      if kind != GemmKind.VARLEN_K_F32:
+      if kind not in schedules.VARLEN_K_KINDS:
         res = res[valid]
       err = 0.0 if ref is None else _rel(res, ref)
       ref = res if ref is None else ref
