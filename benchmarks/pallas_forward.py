@@ -348,11 +348,9 @@ def run_config(name, shape, args, log):
       # worth its memory; "default" is backward_gathers="auto".
       fdh = dh_config_for(d, n, gather="fused")
       xw1 = wgrad_config_for(d, 2 * n, gather="xla", gathered="lhs")
-      xw2 = wgrad_config_for(n, d, gather="xla", gathered="rhs")
       out = [("default", PallasKernels()),
              ("xla-gathers", PallasKernels(backward_gathers="xla")),
-             ("fused-dw1", PallasKernels(config=cfgs.ForwardConfig(
-                 dh=dh_config_for(d, n), dw1=fw2["dw1"], dw2=xw2))),
+             ("fused-dw1", PallasKernels(backward_gathers="fused-x")),
              ("fused-dO", PallasKernels(config=cfgs.ForwardConfig(
                  dh=fdh, dw1=xw1, dw2=fw2["dw2"]))),
              ("fused-bwd-2wg", PallasKernels(backward_gathers="fused")),

@@ -544,7 +544,7 @@ def _pallas_backend_complete():
     return None, f"the Pallas backend does not import: {e}"
 
 
-@pytest.mark.parametrize("gathers", ["xla", "fused"])
+@pytest.mark.parametrize("gathers", ["xla", "fused", "fused-x"])
 def test_moe_gradients_pallas_interpret_vs_xla(gathers):
   """The layer's gradients through the Pallas kernels; "fused": dh, dw1 and dw2 gather their dO
   / x rows in the kernel (configs passed through ForwardConfig)."""
@@ -558,6 +558,12 @@ def test_moe_gradients_pallas_interpret_vs_xla(gathers):
     from sonic_jax.pallas.configs import ForwardConfig
     kernels = PallasKernels(interpret=True, config=ForwardConfig(
         dh=dataclasses.replace(DH_FUSED_CFG, block_n=64), dw1=WG_FUSED_CFG, dw2=WG_FUSED_CFG))
+  elif gathers == "fused-x":
+    from sonic_jax.pallas.backend import PallasKernels
+    from sonic_jax.pallas.configs import ForwardConfig
+    kernels = PallasKernels(interpret=True, backward_gathers="fused-x",
+                            config=ForwardConfig(dw1=WG_FUSED_CFG))
+    assert kernels._dh_config(128, 64).gather == "xla"
   keys = jax.random.split(jax.random.key(3), 5)
   bf = jnp.bfloat16
   x = jax.random.normal(keys[0], (t, d), bf)
@@ -738,11 +744,18 @@ def test_backward_gathers_modes_pick_the_fused_configs():
   # n = 192: no two-consumer split; the single-consumer fused tiling still tiles it.
   assert fused._dw2_config(192, 768).num_compute_wgs == 1
   assert PallasKernels(backward_gathers="xla")._dw1_config(4096, 512).gather == "xla"
+  # "fused-x": only dW1 gathers in the kernel (x); dh and dW2 share XLA's gathered dO.
+  fx = PallasKernels(backward_gathers="fused-x")
+  for d, n in ((4096, 1024), (768, 512), (4096, 256)):
+    assert fx._bwd_gather(d, n) == "fused-x"
+    assert fx._dw1_config(d, 2 * n).gather == "fused"
+    assert fx._dw1_config(d, 2 * n).num_compute_wgs == 2
+    assert fx._dh_config(d, n).gather == "xla" and fx._dw2_config(n, d).gather == "xla"
   over = PallasKernels(config=ForwardConfig(dw1=WG_CFG))
   assert over._dw1_config(4096, 512) == WG_CFG
   assert PallasKernels() == PallasKernels(backward_gathers="auto")
   assert PallasKernels() != PallasKernels(backward_gathers="xla")
-  with pytest.raises(ValueError, match="backward_gathers must be 'auto', 'xla' or 'fused'"):
+  with pytest.raises(ValueError, match="backward_gathers must be 'auto', 'xla', 'fused' or"):
     PallasKernels(backward_gathers="tma")
 
 

@@ -44,15 +44,18 @@ class PallasKernels(ExpertKernels):
   raw/bench-h200-2026-12-03-pallas-s5.md), fused vs XLA gathers: 30B-256 20.61 vs 22.95 ms,
   6.54 vs 10.30 GiB; 120B-512 37.37 vs 38.35 ms; 30B-512 18.82 vs 18.52 ms, 4.52 vs 6.27 GiB;
   7B-512 3.22 vs 3.03 ms and 1.4B-512 3.01 vs 2.86 ms (so "xla" there); 120B-1024 35.87 vs
-  34.12 ms, 4.77 vs 6.76 GiB.
+  34.12 ms, 4.77 vs 6.76 GiB. "fused-x": only dW1 gathers its x rows in the kernel, dO is
+  gathered by XLA once for dh and dW2: the (P, d) gathered x never exists, for a smaller cost
+  than "fused" (120B-1024, session 7: 4.77 vs 6.77 GiB, 33.68 vs 33.17 ms; the original
+  SonicMoE holds 6.76 GiB there; pallas-train-mixes-h200-2026-12-03-s7.log).
   """
 
   name = "pallas"
 
   def __init__(self, interpret: bool = False, config: cfg_lib.ForwardConfig | None = None,
                backward_gathers: str = "auto"):
-    if backward_gathers not in ("auto", "xla", "fused"):
-      raise ValueError(f"backward_gathers must be 'auto', 'xla' or 'fused', got "
+    if backward_gathers not in ("auto", "xla", "fused", "fused-x"):
+      raise ValueError(f"backward_gathers must be 'auto', 'xla', 'fused' or 'fused-x', got "
                        f"{backward_gathers!r}")
     self.interpret = interpret
     self.config = config or cfg_lib.ForwardConfig()
@@ -65,12 +68,17 @@ class PallasKernels(ExpertKernels):
     return (type(other) is type(self) and other.interpret == self.interpret
             and other.config == self.config and other.backward_gathers == self.backward_gathers)
 
-  def _bwd_gather(self, d: int, n: int) -> str:
-    """The backward's gather mode for shape (d, n) (see ``backward_gathers``)."""
-    if self.backward_gathers != "auto":
-      return self.backward_gathers
-    tiles = n % 256 == 0 and d % 128 == 0
-    return "fused" if tiles and (n <= 256 or (n <= 512 and d >= 4096)) else "xla"
+  def _bwd_gather(self, d: int, n: int, kernel: str | None = None) -> str:
+    """The backward's gather mode for shape (d, n) (see ``backward_gathers``): the layer's mode
+    ("xla", "fused" or "fused-x"), or with ``kernel`` ("dh", "dw1", "dw2") that kernel's
+    ("xla" or "fused")."""
+    mode = self.backward_gathers
+    if mode == "auto":
+      tiles = n % 256 == 0 and d % 128 == 0
+      mode = "fused" if tiles and (n <= 256 or (n <= 512 and d >= 4096)) else "xla"
+    if mode == "fused-x" and kernel is not None:
+      return "fused" if kernel == "dw1" else "xla"
+    return mode
 
   # ------------------------------------------------------------------------------- configs
   def _up_config(self, d, n):
@@ -89,16 +97,16 @@ class PallasKernels(ExpertKernels):
   # pick themselves); validate() checks exactly the configs the entry points below run.
   def _dh_config(self, d, n):
     from sonic_jax.pallas.dh import dh_config_for
-    return self.config.dh or dh_config_for(d, n, gather=self._bwd_gather(d, n))
+    return self.config.dh or dh_config_for(d, n, gather=self._bwd_gather(d, n, "dh"))
 
   def _dw1_config(self, d, two_n):
     from sonic_jax.pallas.wgrad import wgrad_config_for
-    return self.config.dw1 or wgrad_config_for(d, two_n, gather=self._bwd_gather(d, two_n // 2),
+    return self.config.dw1 or wgrad_config_for(d, two_n, gather=self._bwd_gather(d, two_n // 2, "dw1"),
                                                gathered="lhs")
 
   def _dw2_config(self, n, d):
     from sonic_jax.pallas.wgrad import wgrad_config_for
-    return self.config.dw2 or wgrad_config_for(n, d, gather=self._bwd_gather(d, n),
+    return self.config.dw2 or wgrad_config_for(n, d, gather=self._bwd_gather(d, n, "dw2"),
                                                gathered="rhs")
 
   def validate(self, x, plan, w1, w2, *, backward: bool = True) -> None:
