@@ -47,7 +47,9 @@ PAPER = {
 }
 # Model presets of sonic_jax.bench (no paper figure): per-kernel breakdowns where the layer is slow.
 PRESETS = {"DeepSeek-V3-like": (16384, 7168, 2048, 256, 8, None),
-           "Mixtral-8x7B": (16384, 4096, 14336, 8, 2, None)}
+           "Mixtral-8x7B": (16384, 4096, 14336, 8, 2, None),
+           "OLMoE-1B-7B": (16384, 2048, 1024, 64, 8, None),
+           "Qwen3-30B-A3B": (16384, 2048, 768, 128, 8, None)}
 DEFAULT_CONFIGS = "7B-256,7B-1024,30B-512,120B-2048"
 PARTS = ("up", "down", "combine", "forward", "dx", "variants", "train")
 
@@ -357,6 +359,9 @@ def run_config(name, shape, args, log):
              # The default again, last: drift over the run (4 % between two identical
              # variants at 120B-1024 in session 7) shows as a gap between the two.
              ("default-again", PallasKernels())]
+    if args.train_only:
+      keep = set(args.train_only.split(","))
+      out = [(vn, kv) for vn, kv in out if vn in keep]
     if args.train_all:
       out += [("fused-wgrad", PallasKernels(config=cfgs.ForwardConfig(**fw))),
               ("fused-bwd", PallasKernels(config=cfgs.ForwardConfig(
@@ -495,7 +500,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--configs", default=DEFAULT_CONFIGS,
                   help="comma-separated names of PAPER (e.g. 30B-512) or PRESETS "
-                       "(DeepSeek-V3-like, Mixtral-8x7B), or 'all' (the paper's)")
+                       "(DeepSeek-V3-like, Mixtral-8x7B, OLMoE-1B-7B, Qwen3-30B-A3B), or 'all' (the paper's)")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
   ap.add_argument("--interpret", action="store_true")
@@ -508,6 +513,9 @@ def main():
   ap.add_argument("--train-mixes", action="store_true",
                   help="train part: per-kernel backward gather modes (fused dW1 only, fused "
                        "dh + dW2 only) against auto, all-XLA and all-fused")
+  ap.add_argument("--train-only", default="",
+                  help="train part: comma-separated variant names to keep (e.g. "
+                       "default,fused-dw1,default-again); empty keeps all")
   ap.add_argument("--train-all", action="store_true",
                   help="train part: also the single-consumer fused wgrad variants")
   ap.add_argument("--skip-baselines", action="store_true",
