@@ -23,14 +23,16 @@ _DUMP_RE = "jit_memory_step"
 
 
 def _variant(spec: str):
-  """'xla', 'pallas' or 'pallas:<backward_gathers>'."""
+  """'xla', 'pallas', 'pallas:<backward_gathers>' or 'pallas:<backward_gathers>:dw1-early'."""
   if spec == "xla":
     return "xla"
-  name, _, gathers = spec.partition(":")
-  if name != "pallas":
-    raise SystemExit(f"--variants: unknown variant {spec!r} (xla, pallas, pallas:<gathers>)")
+  name, *rest = spec.split(":")
+  if name != "pallas" or len(rest) > 2 or (len(rest) == 2 and rest[1] != "dw1-early"):
+    raise SystemExit(f"--variants: unknown variant {spec!r} (xla, pallas, pallas:<gathers>, "
+                     "pallas:<gathers>:dw1-early)")
   from sonic_jax.pallas.backend import PallasKernels
-  return PallasKernels(backward_gathers=gathers or "auto")
+  return PallasKernels(backward_gathers=(rest[0] if rest else "") or "auto",
+                       dw1_last=len(rest) < 2)
 
 
 def _top_rows(report: str, rows: int) -> list[str]:
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
   from sonic_jax.bench.problems import make_problem
 
   summary = []
-  for cfg in parse_configs(args.configs):
+  for cfg in parse_configs(args.configs.split(",")):
     prob = make_problem(cfg, seed=0)
     for spec in args.variants.split(","):
       kern = _variant(spec)

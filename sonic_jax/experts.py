@@ -62,8 +62,15 @@ def _expert_block(backend: ExpertKernels):
     dh, a_prime, ds = kernels.dh(dout, w2, h, s_grouped, plan)
     dw2 = kernels.dw2(dout, a_prime, plan)
     dx_pairs = kernels.dx_pairs(dh, w1, plan)
-    dw1 = kernels.dw1(x, dh, plan)
-    dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
+    if backend.dw1_last:
+      dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
+      # Peak memory: x is gathered for dW1 only once dO's gathered copy (dh, dW2) and
+      # dX_pairs are dead (see ExpertKernels.dw1_last).
+      x, dh, dx, dw2 = jax.lax.optimization_barrier((x, dh, dx, dw2))
+      dw1 = kernels.dw1(x, dh, plan)
+    else:
+      dw1 = kernels.dw1(x, dh, plan)
+      dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
     dscores = jnp.where(plan.valid_mask(), ds[plan.reverse_idx], 0.0).astype(scores.dtype)
     zero_plan = jax.tree.map(_zero_cotangent, plan)
     return dx, dscores, dw1.astype(w1.dtype), dw2.astype(w2.dtype), zero_plan

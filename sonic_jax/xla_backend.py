@@ -55,6 +55,7 @@ class XlaKernels(ExpertKernels):
   """Pure-JAX implementation of the kernel contract (see ``sonic_jax.kernels``)."""
 
   name = "xla"
+  dw1_last = True  # its forward gathers x too: without the barrier that copy lives to dW1
 
   def up_proj(self, x, w1, plan, *, inference=False):
     acc = _grouped_matmul(x[plan.gather_idx], w1, plan)

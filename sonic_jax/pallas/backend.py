@@ -48,25 +48,29 @@ class PallasKernels(ExpertKernels):
   gathered by XLA once for dh and dW2: the (P, d) gathered x never exists, for a smaller cost
   than "fused" (120B-1024, session 7: 4.77 vs 6.77 GiB, 33.68 vs 33.17 ms; the original
   SonicMoE holds 6.76 GiB there; pallas-train-mixes-h200-2026-12-03-s7.log).
+  dw1_last: run dW1 after dW2 and dx (``ExpertKernels.dw1_last``), so that XLA's gathered x is
+  never live together with the gathered dO or dX_pairs; default True.
   """
 
   name = "pallas"
 
   def __init__(self, interpret: bool = False, config: cfg_lib.ForwardConfig | None = None,
-               backward_gathers: str = "auto"):
+               backward_gathers: str = "auto", dw1_last: bool = True):
     if backward_gathers not in ("auto", "xla", "fused", "fused-x"):
       raise ValueError(f"backward_gathers must be 'auto', 'xla', 'fused' or 'fused-x', got "
                        f"{backward_gathers!r}")
     self.interpret = interpret
     self.config = config or cfg_lib.ForwardConfig()
     self.backward_gathers = backward_gathers
+    self.dw1_last = bool(dw1_last)
 
   def __hash__(self):
-    return hash((type(self), self.interpret, self.config, self.backward_gathers))
+    return hash((type(self), self.interpret, self.config, self.backward_gathers, self.dw1_last))
 
   def __eq__(self, other):
     return (type(other) is type(self) and other.interpret == self.interpret
-            and other.config == self.config and other.backward_gathers == self.backward_gathers)
+            and other.config == self.config and other.backward_gathers == self.backward_gathers
+            and other.dw1_last == self.dw1_last)
 
   def _bwd_gather(self, d: int, n: int, kernel: str | None = None) -> str:
     """The backward's gather mode for shape (d, n) (see ``backward_gathers``): the layer's mode
