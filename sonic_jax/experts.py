@@ -65,9 +65,10 @@ def _expert_block(backend: ExpertKernels):
     if backend.dw1_last:
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
       # Peak memory: x is gathered for dW1 only once dO's gathered copy (dh, dW2) and
-      # dX_pairs are dead (see ExpertKernels.dw1_last).
-      x, dh, dx, dw2 = jax.lax.optimization_barrier((x, dh, dx, dw2))
-      dw1 = kernels.dw1(x, dh, plan)
+      # dX_pairs are dead (see ExpertKernels.dw1_last). Only the small gather index goes
+      # through the barrier: a large operand that stays live past it may be copied.
+      gather_idx, _, _ = jax.lax.optimization_barrier((plan.gather_idx, dx, dw2))
+      dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx))
     else:
       dw1 = kernels.dw1(x, dh, plan)
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)

@@ -230,6 +230,22 @@ def test_dh_fused_gather_lowers_to_mosaic_gpu(cfg):
     assert op in text, op
 
 
+@pytest.mark.parametrize("gather", ["xla", "fused"])
+def test_dh_writes_dh_over_h_in_place(gather):
+  """The CUDA lowering aliases H (operand 3 or 4) with an output: dH reuses H's buffer, so the
+  backward never holds H and dH as two (P, 2n) arrays (the layer's peak memory)."""
+  a = _inputs("straddle_e5", d=256)
+  plan = a["plan"]
+  cfg = DhConfig(num_sms=132, max_concurrent_steps=3, gather=gather)
+  f = lambda *args: dh(*args, config=cfg)
+  text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
+      lowering_platforms=("cuda",)).as_text()
+  aliases = [ln for ln in text.splitlines() if "mosaic_gpu" in ln and "output_operand_alias" in ln]
+  assert len(aliases) == 1, "dh's kernel must alias H with its dH output"
+  h_operand = 4 if gather == "fused" else 3  # (meta, [gidx,] lhs/dout, w2, h, scores)
+  assert f"operand_index = {h_operand}," in aliases[0]
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_dw1_dw2_match_xla(case):
   a = _inputs(case)

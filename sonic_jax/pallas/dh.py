@@ -19,6 +19,14 @@ go through a power-of-two ladder of static-size descriptors. dS is reduced per (
 in registers and written as full per-tile partial rows, then summed over N tiles in JAX:
 deterministic and free of atomics.
 
+dH is written over H in place: H is passed as a mutable ref (``jax.new_ref``), which
+lowers to an operand-output alias of the custom call, so H and dH never occupy two (P, 2n)
+buffers (H is dead after dh; where a caller still holds it, XLA copies first). Safe because
+tile (block, expert, N block) reads the H gate/up columns of its N block only and writes dH to
+exactly those columns, on its own expert's rows: a row is written by the one tile that treats it
+as valid; another tile of a straddled block may read dH there instead of H, but only into rows
+it masks (never stored, their dS partials never selected).
+
 The dO gather is by default an XLA gather feeding the kernel (``DhConfig(gather="xla")``; the
 kernel's lhs is the gathered (P, d) matrix). ``gather="fused"`` (opt-in, not yet timed on a GPU)
 reads the rows dout[gather_idx[p]] inside the kernel instead: a producer warpgroup issues the W2
@@ -275,7 +283,8 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   h_transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
                   plgpu.SwizzleTransform(swizzle))
 
-  def body(meta_gmem, lhs_gmem, w2_gmem, h_gmem, s_gmem, dh_gmem, ap_gmem, dsp_gmem):
+  def body(meta_gmem, lhs_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem):
+    dh_gmem = h_gmem  # dH overwrites H in place (module docstring)
     @plgpu.nd_loop((tiles_max * grid_n,), collective_axes="sm")
     def _(loop_info: plgpu.NDLoopInfo):
       mi, ni = plgpu.planar_snake(loop_info.index[0], (tiles_max, grid_n), 1,
@@ -359,8 +368,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
 
   kernel = plgpu.kernel(
       body,
-      out_type=(jax.ShapeDtypeStruct((p_rows, 2 * n), dtype),
-                jax.ShapeDtypeStruct((p_rows, n), dtype),
+      out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
                 jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
       grid=(persistent_ctas(config.num_sms, interpret),),
       grid_names=("sm",),
@@ -371,7 +379,9 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   # One freshly built metadata buffer: Mosaic GPU custom calls need 256-byte aligned inputs,
   # which an XLA slice of a larger array need not be.
   meta = jnp.stack([tiles.expert, tiles.load // bm, tiles.dst - tiles.load, tiles.rows])
-  dh_out, a_prime, ds_part = kernel(meta, lhs, w2, h, scores_grouped)
+  h_ref = jax.new_ref(h)
+  a_prime, ds_part = kernel(meta, lhs, w2, h_ref, scores_grouped)
+  dh_out = h_ref[...]
   tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
@@ -418,9 +428,10 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
   h_transforms = (plgpu.TilingTransform((8, swizzle // itemsize)),
                   plgpu.SwizzleTransform(swizzle))
 
-  def body(meta_gmem, gidx_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, dh_gmem, ap_gmem, dsp_gmem,
+  def body(meta_gmem, gidx_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem,
            a_ring, b_ring, gate_smem, up_smem, s_smem, out_smem, ds_smem, full_a, full_b, empty,
            h_bars):
+    dh_gmem = h_gmem  # dH overwrites H in place (module docstring)
     wg = lax.axis_index("wg")
     num_tiles = meta_gmem[4, 0]
     cp_async.init_barriers(full_a, slots, interpret=interp)
@@ -535,8 +546,7 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
   ]
   kernel = plgpu.kernel(
       body,
-      out_type=(jax.ShapeDtypeStruct((p_rows, 2 * n), dtype),
-                jax.ShapeDtypeStruct((p_rows, n), dtype),
+      out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
                 jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
       grid=(persistent_ctas(config.num_sms, interp),),
       grid_names=("sm",),
@@ -551,7 +561,9 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
   # items, the count in row 4; one freshly stacked buffer (256-byte aligned, see dh()).
   meta = jnp.stack([tiles.expert, tiles.load // bm, tiles.dst - tiles.load, tiles.rows,
                     jnp.broadcast_to(tiles.num_tiles, (tiles_max,)).astype(jnp.int32)])
-  dh_out, a_prime, ds_part = kernel(meta, gidx, dout, w2, h, scores_grouped)
+  h_ref = jax.new_ref(h)
+  a_prime, ds_part = kernel(meta, gidx, dout, w2, h_ref, scores_grouped)
+  dh_out = h_ref[...]
   tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
