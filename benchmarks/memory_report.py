@@ -22,19 +22,6 @@ import time
 _DUMP_RE = "jit_memory_step"
 
 
-def _variant(spec: str):
-  """'xla', 'pallas', 'pallas:<backward_gathers>' or 'pallas:<backward_gathers>:dw1-early'."""
-  if spec == "xla":
-    return "xla"
-  name, *rest = spec.split(":")
-  if name != "pallas" or len(rest) > 2 or (len(rest) == 2 and rest[1] != "dw1-early"):
-    raise SystemExit(f"--variants: unknown variant {spec!r} (xla, pallas, pallas:<gathers>, "
-                     "pallas:<gathers>:dw1-early)")
-  from sonic_jax.pallas.backend import PallasKernels
-  return PallasKernels(backward_gathers=(rest[0] if rest else "") or "auto",
-                       dw1_last=len(rest) < 2)
-
-
 def _top_rows(report: str, rows: int) -> list[str]:
   """The first (largest: the temporary allocation's) table of a memory-usage report."""
   lines = report.splitlines()
@@ -66,12 +53,13 @@ def main(argv=None) -> int:
   import sonic_jax
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
+  from sonic_jax.bench.variants import kernels_for
 
   summary = []
   for cfg in parse_configs(args.configs.split(",")):
     prob = make_problem(cfg, seed=0)
     for spec in args.variants.split(","):
-      kern = _variant(spec)
+      kern = kernels_for(spec, cfg.d, cfg.n)
 
       def memory_step(x, rw, w1, w2, ct, kern=kern, k=cfg.K):
         _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)

@@ -126,6 +126,9 @@ def test_dh_matches_xla(case):
 # runs the same protocol with plain copies and Pallas barriers), one consumer runs the wgmma
 # and the epilogue. 2 stages at d = 128, block_k = 64: the ring is exactly the tile's k steps.
 DH_FUSED_CFG = dataclasses.replace(DH_CFG, max_concurrent_steps=2, gather="fused")
+# The same warp-specialized ring kernel fed by TMA from XLA's gathered dO (DhConfig(ring=True)).
+DH_RING_CFG = dataclasses.replace(DH_CFG, max_concurrent_steps=2, ring=True)
+RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG}
 
 
 def _assert_dh_matches(got, want, plan):
@@ -153,12 +156,14 @@ def _run_dh(a, config):
   return got, XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
 
 
+@pytest.mark.parametrize("kind", sorted(RING_CFGS))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_dh_fused_gather_matches_xla(case):
-  """Empty experts, a 1-row expert, groups straddling tiles, every token on one expert, padding
+def test_dh_fused_gather_matches_xla(case, kind):
+  """The ring kernel, gathering dO itself ("fused") or fed XLA's gathered dO by TMA ("ring"):
+  empty experts, a 1-row expert, groups straddling tiles, every token on one expert, padding
   rows holding NaN, E = 3, 5, 6."""
   a = _inputs(case)
-  got, want = _run_dh(a, DH_FUSED_CFG)
+  got, want = _run_dh(a, RING_CFGS[kind])
   _assert_dh_matches(got, want, a["plan"])
 
 
@@ -167,9 +172,10 @@ def test_dh_fused_gather_matches_xla(case):
     (256, 64, 3),  # 4 k steps on 3 slots: the ring wraps mid-tile, tiles start on any slot
     (128, 32, 2),  # 4 k steps of 32 columns on 2 slots (a 64-byte swizzle on the GPU)
 ])
-def test_dh_fused_gather_ring_depths(d, block_k, stages):
+@pytest.mark.parametrize("kind", sorted(RING_CFGS))
+def test_dh_fused_gather_ring_depths(d, block_k, stages, kind):
   a = _inputs("straddle_e5", d=d)
-  cfg = dataclasses.replace(DH_FUSED_CFG, block_k=block_k, max_concurrent_steps=stages)
+  cfg = dataclasses.replace(RING_CFGS[kind], block_k=block_k, max_concurrent_steps=stages)
   got, want = _run_dh(a, cfg)
   _assert_dh_matches(got, want, a["plan"])
 
@@ -184,8 +190,11 @@ def test_dh_fused_gather_validation():
     with pytest.raises(ValueError, match="DhConfig.block_k with gather='fused'"):
       DhConfig(block_k=bk, gather="fused")
   DhConfig(block_k=48)  # the XLA gather has no such rule
-  with pytest.raises(ValueError, match="DhConfig.max_concurrent_steps must be >= 2"):
-    DhConfig(max_concurrent_steps=1, gather="fused")
+  for kw in (dict(gather="fused"), dict(ring=True)):
+    with pytest.raises(ValueError, match="DhConfig.max_concurrent_steps must be >= 2"):
+      DhConfig(max_concurrent_steps=1, **kw)
+  assert DhConfig(ring=True).warp_specialized and not DhConfig().warp_specialized
+  assert smem_bytes(DhConfig(ring=True)) == smem_bytes(DhConfig(gather="fused"))
   with pytest.raises(ValueError, match="dout_gathered must be None"):
     dh(a["dout"], a["w2"], a["h"], s, plan, config=DH_FUSED_CFG, interpret=True,
        dout_gathered=a["dout"][plan.gather_idx])
@@ -230,13 +239,31 @@ def test_dh_fused_gather_lowers_to_mosaic_gpu(cfg):
     assert op in text, op
 
 
-@pytest.mark.parametrize("gather", ["xla", "fused"])
+def test_dh_ring_lowers_to_mosaic_gpu():
+  """The TMA-fed ring kernel (DhConfig(ring=True)) lowers for CUDA on the CPU host: warp
+  specialization with mbarrier waits and no cp.async."""
+  a = _inputs("straddle_e5", d=256)
+  plan = a["plan"]
+  cfg = DhConfig(num_sms=132, max_concurrent_steps=3, ring=True)
+  f = lambda *args: dh(*args, config=cfg)
+  text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  # Producer / consumer register split, TMA loads and their mbarrier waits; no cp.async gather.
+  for op in ("setmaxnreg.dec", "setmaxnreg.inc", "nvvm.cp.async.bulk.tensor.shared.cluster.global",
+             "nvvm.mbarrier.try_wait.parity"):
+    assert op in text, op
+  assert "cp.async.shared.global" not in text
+
+
+@pytest.mark.parametrize("gather", ["xla", "fused", "ring"])
 def test_dh_writes_dh_over_h_in_place(gather):
   """The CUDA lowering aliases H (operand 3 or 4) with an output: dH reuses H's buffer, so the
   backward never holds H and dH as two (P, 2n) arrays (the layer's peak memory)."""
   a = _inputs("straddle_e5", d=256)
   plan = a["plan"]
-  cfg = DhConfig(num_sms=132, max_concurrent_steps=3, gather=gather)
+  cfg = (DhConfig(num_sms=132, max_concurrent_steps=3, ring=True) if gather == "ring" else
+         DhConfig(num_sms=132, max_concurrent_steps=3, gather=gather))
   f = lambda *args: dh(*args, config=cfg)
   text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
       lowering_platforms=("cuda",)).as_text()
@@ -639,15 +666,18 @@ def test_gpu_dh_matches_xla():
 
 
 @pytest.mark.gpu
-def test_gpu_dh_fused_gather_matches_default():
-  """DhConfig(gather="fused") (the heuristic's tiles, 3 stages) against the default XLA-gather
-  kernel and the xla backend at a realistic size; same tiles and k order, so it should match the
-  default to fp32 rounding; deterministic."""
+@pytest.mark.parametrize("kind", ["fused", "ring"])
+def test_gpu_dh_fused_gather_matches_default(kind):
+  """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
+  stages), against the default XLA-gather kernel and the xla backend at a realistic size; same
+  tiles and k order, so it should match the default to fp32 rounding; deterministic."""
   a = _gpu_inputs()
   plan = a["plan"]
   s = plan.grouped_scores()
   d, n = a["dout"].shape[1], a["w2"].shape[1]
   cfg = dh_config_for(d, n, gather="fused")
+  if kind == "ring":
+    cfg = dataclasses.replace(cfg, gather="xla", ring=True)
   fused = jax.jit(lambda *args: dh(*args, config=cfg))
   got = fused(a["dout"], a["w2"], a["h"], s, plan)
   base = jax.jit(lambda *args: dh(*args))(a["dout"], a["w2"], a["h"], s, plan)

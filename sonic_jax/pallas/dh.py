@@ -73,7 +73,16 @@ class DhConfig:
   the depth of the cross-tile ring (>= 2) and the output tiles are staged one epi_n chunk at a
   time (``smem_bytes``); block_k * 2 bytes must be 32, 64 or a multiple of 128 dividing 2048 (the
   gathered tile's swizzle).
+  ring: with gather="xla", run the fused path's warp-specialized kernel (a producer warpgroup,
+  one consumer, a ring of max_concurrent_steps >= 2 stages across tiles, one staged epi_n output
+  chunk) with both operands by TMA, so the next tile's loads overlap this tile's epilogue;
+  gather="fused" always runs it. False: one warpgroup whose K pipeline restarts per tile.
   """
+
+  @property
+  def warp_specialized(self) -> bool:
+    """Whether the cross-tile ring kernel runs (gather="fused", or ring=True)."""
+    return self.gather == "fused" or self.ring
 
   block_m: int = 128
   block_n: int = 128
@@ -83,6 +92,7 @@ class DhConfig:
   epi_n: int = 64
   num_sms: int | None = None
   gather: Literal["xla", "fused"] = "xla"
+  ring: bool = False
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n", "epi_n"):
@@ -112,10 +122,10 @@ class DhConfig:
         raise ValueError(
             f"DhConfig.block_k with gather='fused' needs block_k * 2 bytes to divide "
             f"{cp_async.WARPGROUP * cp_async.CHUNK_BYTES}, got block_k={self.block_k}")
-      if self.max_concurrent_steps < 2:
-        raise ValueError(f"DhConfig.max_concurrent_steps must be >= 2 with gather='fused' (the "
-                         f"consumer frees a stage one step late), got "
-                         f"{self.max_concurrent_steps}")
+    if self.warp_specialized and self.max_concurrent_steps < 2:
+      raise ValueError(f"DhConfig.max_concurrent_steps must be >= 2 with gather='fused' or "
+                       f"ring=True (the consumer frees a stage one step late), got "
+                       f"{self.max_concurrent_steps}")
 
 
 def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") -> DhConfig:
@@ -221,13 +231,13 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
   """SMEM of one CTA: the prefetched H gate/up tiles and scores stay live over the K loop's
   pipeline ring, whose space the three output tiles and the dS row reuse afterwards.
 
-  gather="fused": the ring runs across tiles (the producer fills the next tile's stages during
+  gather="fused" or ring=True: the ring runs across tiles (the producer fills the next tile's stages during
   this tile's epilogue), so nothing is reused: H tiles + ring + one epi_n chunk of the three
   output tiles + the dS row."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   h_tiles = 2 * bm * bn * itemsize + bm * 4
   ring = config.max_concurrent_steps * (bm * bk + bn * bk) * itemsize
-  if config.gather == "fused":
+  if config.warp_specialized:
     return h_tiles + ring + 3 * bm * config.epi_n * itemsize + bm * 4
   outputs = 3 * bm * bn * itemsize + bm * 4
   return h_tiles + max(ring, outputs)
@@ -260,9 +270,14 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
     if dout_gathered is not None:
       raise ValueError("dout_gathered must be None with DhConfig(gather='fused'): the kernel "
                        "gathers the rows of dout itself")
-    return _dh_fused(dout, w2, h, scores_grouped, plan, config, interpret)
+    return _dh_ring(dout, w2, h, scores_grouped, plan, config, interpret)
   num_experts, n, d = w2.shape
   p_rows = plan.capacity
+  lhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
+  if lhs.shape != (p_rows, d):
+    raise ValueError(f"dout_gathered must have shape (P, d) = {(p_rows, d)}, got {lhs.shape}")
+  if config.ring:
+    return _dh_ring(lhs, w2, h, scores_grouped, plan, config, interpret, pregathered=True)
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   dtype = h.dtype
   # Block-aligned tiles (align = block_m): tile i computes rows [load, load + bm) (the lhs
@@ -272,9 +287,6 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
                                capacity=p_rows)
   tiles_max = tiles.expert.shape[0]
   grid_n = n // bn
-  lhs = dout[plan.gather_idx] if dout_gathered is None else dout_gathered
-  if lhs.shape != (p_rows, d):
-    raise ValueError(f"dout_gathered must have shape (P, d) = {(p_rows, d)}, got {lhs.shape}")
   scores_grouped = scores_grouped.astype(_F32)
 
   # Explicit SMEM layouts for the H tiles (TMA in, WGMMA-layout loads out): annotations keep
@@ -391,13 +403,17 @@ _PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused gather
 _CONSUMER_REGS = 240  # 512 - 40 per thread slot over the two warpgroups, capped like up_proj
 
 
-def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, interpret):
-  """dh with the dO row gather inside the kernel (``DhConfig(gather="fused")``).
+def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, interpret,
+             pregathered: bool = False):
+  """dh on the warp-specialized cross-tile ring: ``DhConfig(gather="fused")`` gathers the dO
+  rows inside the kernel; ``pregathered`` (``DhConfig(ring=True)``, gather="xla") takes ``dout``
+  as the gathered (P, d) matrix and loads its tiles by TMA.
 
-  Warp-specialized: warpgroup 1 (producer) walks its CTA's (tile, k step) sequence and fills a
+  Warpgroup 1 (producer) walks its CTA's (tile, k step) sequence and fills a
   ``max_concurrent_steps``-deep ring, the W2 tile by TMA (``full_b``) and the gathered dO rows
   dout[gather_idx[row0 : row0 + block_m], k0 : k0 + block_k] by cp.async (``full_a``,
-  cp_async.py); warpgroup 0 (consumer) TMA-prefetches the tile's H gate/up tiles and scores,
+  cp_async.py), or with ``pregathered`` the lhs tile by TMA on ``full_b`` too (two arrivals);
+  warpgroup 0 (consumer) TMA-prefetches the tile's H gate/up tiles and scores,
   runs the wgmma over the ring (releasing each stage on ``empty`` one step late, after
   ``wgmma_wait(1)``), then the epilogue of the default kernel, staging one epi_n chunk of the
   three outputs at a time. Global step g of a CTA uses slot g % slots for the (g // slots)-th
@@ -420,21 +436,29 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
   n_chunks = bn // epi_n
   scores_grouped = scores_grouped.astype(_F32)
   # The last block's window may run past P: its gather indices are padded with token 0 (a
-  # valid row; those rows are computed and never stored).
+  # valid row; those rows are computed and never stored). Pre-gathered, the TMA zero-fills.
   blocks = -(-p_rows // bm)
-  gidx = jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bm - p_rows))
+  gidx = None if pregathered else jnp.pad(plan.gather_idx.astype(jnp.int32),
+                                          (0, blocks * bm - p_rows))
 
   swizzle = plgpu.find_swizzle(epi_n * itemsize * 8)
   h_transforms = (plgpu.TilingTransform((8, swizzle // itemsize)),
                   plgpu.SwizzleTransform(swizzle))
 
-  def body(meta_gmem, gidx_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem,
-           a_ring, b_ring, gate_smem, up_smem, s_smem, out_smem, ds_smem, full_a, full_b, empty,
-           h_bars):
+  def body(*refs):
+    if pregathered:
+      (meta_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem, a_ring, b_ring,
+       gate_smem, up_smem, s_smem, out_smem, ds_smem, full_b, empty, h_bars) = refs
+      full_a = gidx_gmem = None
+    else:
+      (meta_gmem, gidx_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem, a_ring,
+       b_ring, gate_smem, up_smem, s_smem, out_smem, ds_smem, full_a, full_b, empty,
+       h_bars) = refs
     dh_gmem = h_gmem  # dH overwrites H in place (module docstring)
     wg = lax.axis_index("wg")
     num_tiles = meta_gmem[4, 0]
-    cp_async.init_barriers(full_a, slots, interpret=interp)
+    if not pregathered:
+      cp_async.init_barriers(full_a, slots, interpret=interp)
 
     def tiles_loop(tile_body):
       @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
@@ -462,8 +486,12 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
             plgpu.barrier_wait(empty.at[slot])
           plgpu.copy_gmem_to_smem(w2_gmem.at[e, pl.ds(ni * bn, bn), pl.ds(kk * bk, bk)],
                                   b_ring.at[slot], full_b.at[slot])
-          cp_async.issue_gather(gidx_gmem, dout_gmem, a_ring, full_a, slot=slot, row0=row0,
-                                k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
+          if pregathered:
+            plgpu.copy_gmem_to_smem(dout_gmem.at[pl.ds(row0, bm), pl.ds(kk * bk, bk)],
+                                    a_ring.at[slot], full_b.at[slot])
+          else:
+            cp_async.issue_gather(gidx_gmem, dout_gmem, a_ring, full_a, slot=slot, row0=row0,
+                                  k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
 
       total = tiles_loop(tile)
 
@@ -529,9 +557,10 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   scratch = [
-      # Untiled in the interpreter (it checks no layouts and its row copies need none).
+      # Untiled in the interpreter (it checks no layouts and its row copies need none); the
+      # TMA-fed ring's layout is left to Mosaic GPU's inference.
       plgpu.SMEM((slots, bm, bk), dtype,
-                 transforms=() if interp else cp_async.a_transforms(bk, itemsize)),
+                 transforms=() if interp or pregathered else cp_async.a_transforms(bk, itemsize)),
       plgpu.SMEM((slots, bn, bk), dtype),
       plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
       plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
@@ -539,8 +568,9 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
       # dH gate, dH up, A' of one epi_n chunk, untiled: the ragged stores slice any row.
       plgpu.SMEM((3, bm, epi_n), dtype),
       plgpu.SMEM((bm,), _F32),
-      cp_async.barrier_scratch(slots, interpret=interp),
-      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # full_b: the W2 TMA
+      *([] if pregathered else [cp_async.barrier_scratch(slots, interpret=interp)]),
+      # full_b: the W2 TMA (and the pre-gathered dO tile's)
+      plgpu.Barrier(num_arrivals=2 if pregathered else 1, num_barriers=slots),
       plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # empty: the consumer's release
       plgpu.Barrier(num_arrivals=1, num_barriers=3),  # H gate, H up, scores
   ]
@@ -562,7 +592,8 @@ def _dh_fused(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, 
   meta = jnp.stack([tiles.expert, tiles.load // bm, tiles.dst - tiles.load, tiles.rows,
                     jnp.broadcast_to(tiles.num_tiles, (tiles_max,)).astype(jnp.int32)])
   h_ref = jax.new_ref(h)
-  a_prime, ds_part = kernel(meta, gidx, dout, w2, h_ref, scores_grouped)
+  operands = (dout,) if pregathered else (gidx, dout)
+  a_prime, ds_part = kernel(meta, *operands, w2, h_ref, scores_grouped)
   dh_out = h_ref[...]
   tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
   ds = jnp.sum(ds_part[:, tile, within], axis=0)

@@ -1,0 +1,79 @@
+"""Per-kernel GPU time of one layer step (forward+backward), variant against variant.
+
+Runs the step the layer benchmark times (``jax.vjp`` of ``sonic_jax.moe`` and its backward with a
+cotangent) under CUPTI (``mosaic.gpu.profiler.measure(aggregate=False)``), and prints each
+kernel's median time over the iterations, in launch order, for every variant side by side, so a
+difference between two totals can be pinned on the kernels that cause it. Needs a GPU.
+
+  python benchmarks/kernel_profile.py --configs paper-1.4B-n512 \
+      --variants pallas,pallas::dw1-early --iters 10 --out-dir /tmp/prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+
+def _short(name: str, width: int = 48) -> str:
+  return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--configs", default="paper-1.4B-n512")
+  ap.add_argument("--variants", default="pallas,pallas::dw1-early")
+  ap.add_argument("--iters", type=int, default=10)
+  ap.add_argument("--out-dir", default="kernel_profile_out")
+  ap.add_argument("--min-ms", type=float, default=0.01,
+                  help="print kernels from this time up; the rest as one sum (all in the JSON)")
+  args = ap.parse_args(argv)
+  import jax
+  from jax.experimental.mosaic.gpu import profiler
+
+  import sonic_jax
+  from sonic_jax.bench.configs import parse_configs
+  from sonic_jax.bench.problems import make_problem
+  from sonic_jax.bench.variants import kernels_for
+
+  if jax.devices()[0].platform != "gpu":
+    raise SystemExit("kernel_profile.py needs a GPU (CUPTI)")
+  os.makedirs(args.out_dir, exist_ok=True)
+  records = []
+  for cfg in parse_configs(args.configs.split(",")):
+    prob = make_problem(cfg, seed=0)
+    per_variant = {}
+    for spec in args.variants.split(","):
+      kern = kernels_for(spec, cfg.d, cfg.n)
+
+      def step(x, rw, w1, w2, ct, kern=kern, k=cfg.K):
+        _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
+        return vjp(ct)
+
+      fn = jax.jit(step)
+      jax.block_until_ready(fn(*prob.args, prob.dout))
+      _, timings = profiler.measure(fn, aggregate=False, iterations=args.iters)(
+          *prob.args, prob.dout)
+      names = [nm for nm, _ in timings[0]]
+      med = [statistics.median(it[i][1] for it in timings) for i in range(len(names))]
+      per_variant[spec] = list(zip(names, med))
+      records.append({"config": cfg.name, "shape": cfg.shape, "variant": spec,
+                      "kernels": per_variant[spec], "total_ms": sum(med)})
+    print(f"== {cfg.name} {cfg.shape}: kernel ms, median of {args.iters}, launch order")
+    for spec, rows in per_variant.items():
+      print(f"  -- {spec}: {len(rows)} kernels, total {sum(t for _, t in rows):.3f} ms")
+      small = [t for _, t in rows if t < args.min_ms]
+      for i, (nm, t) in enumerate(rows):
+        if t >= args.min_ms:
+          print(f"    {i:3d} {t:8.3f}  {_short(nm)}")
+      print(f"        {sum(small):8.3f}  ({len(small)} kernels under {args.min_ms} ms each)")
+  with open(os.path.join(args.out_dir, "kernel_profile.json"), "w") as f:
+    json.dump(records, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
