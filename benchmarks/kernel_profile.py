@@ -22,6 +22,13 @@ def _short(name: str, width: int = 48) -> str:
   return name if len(name) <= width else name[: width - 1] + "…"
 
 
+def _rel(a, b):
+  """‖a − b‖ / ‖b‖ in float32, on the device (no host copy of large gradients)."""
+  import jax.numpy as jnp
+  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  return jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel())
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="paper-1.4B-n512")
@@ -45,7 +52,7 @@ def main(argv=None) -> int:
   records = []
   for cfg in parse_configs(args.configs.split(",")):
     prob = make_problem(cfg, seed=0)
-    per_variant = {}
+    per_variant, ref_grads = {}, None
     for spec in args.variants.split(","):
       kern = kernels_for(spec, cfg.d, cfg.n)
 
@@ -54,14 +61,22 @@ def main(argv=None) -> int:
         return vjp(ct)
 
       fn = jax.jit(step)
-      jax.block_until_ready(fn(*prob.args, prob.dout))
+      grads = jax.block_until_ready(fn(*prob.args, prob.dout))
+      if ref_grads is None:
+        ref_grads, errs = grads, {}
+      else:  # against the first variant: a faster variant must compute the same gradients
+        errs = {nm: float(_rel(a, b)) for nm, a, b in
+                zip(("dx", "drouter", "dw1", "dw2"), grads, ref_grads)}
+      del grads
       _, timings = profiler.measure(fn, aggregate=False, iterations=args.iters)(
           *prob.args, prob.dout)
       names = [nm for nm, _ in timings[0]]
       med = [statistics.median(it[i][1] for it in timings) for i in range(len(names))]
       per_variant[spec] = list(zip(names, med))
       records.append({"config": cfg.name, "shape": cfg.shape, "variant": spec,
-                      "kernels": per_variant[spec], "total_ms": sum(med)})
+                      "kernels": per_variant[spec], "total_ms": sum(med), "rel_vs_first": errs})
+      print(f"  {spec}: {sum(med):.3f} ms" + "".join(f"  rel_{k}={v:.2g}" for k, v in errs.items()),
+            flush=True)
     print(f"== {cfg.name} {cfg.shape}: kernel ms, median of {args.iters}, launch order")
     for spec, rows in per_variant.items():
       print(f"  -- {spec}: {len(rows)} kernels, total {sum(t for _, t in rows):.3f} ms")
