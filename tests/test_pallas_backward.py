@@ -17,7 +17,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from sonic_jax.pallas.dh import DhConfig, dh, dh_config_for, smem_bytes
+from sonic_jax.pallas.dh import DhConfig, dh, dh_config_for, smem_bytes, validate_dh_shapes
 from sonic_jax.pallas import wgrad as wgrad_lib
 from sonic_jax.pallas.wgrad import WgradConfig, dw1, dw2, wgrad_config_for
 from sonic_jax.routing import RoutingPlan
@@ -208,16 +208,39 @@ def test_dh_fused_gather_validation():
 def test_dh_config_for_fused_gather():
   """The fused heuristic keeps the default tiles and the deepest ring (<= 4) that fits."""
   for d, n in ((4096, 1024), (1024, 512), (768, 192)):
-    xla_cfg = dh_config_for(d, n)
     cfg = dh_config_for(d, n, gather="fused")
-    assert xla_cfg.gather == "xla"
-    assert cfg.gather == "fused"
+    assert cfg.gather == "fused" and cfg.ctas_per_sm == 1
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.epi_n) == (
-        xla_cfg.block_m, xla_cfg.block_n, xla_cfg.block_k, xla_cfg.epi_n)
+        128, 128 if n % 128 == 0 else 64, 64, 64)
     assert smem_bytes(cfg) <= 220 * 1024
     deeper = dataclasses.replace(cfg, max_concurrent_steps=cfg.max_concurrent_steps + 1)
     assert cfg.max_concurrent_steps == 4 or smem_bytes(deeper) > 220 * 1024
   assert dh_config_for(4096, 1024, gather="fused").max_concurrent_steps == 3
+
+
+def test_dh_config_for_xla_gather_two_ctas_per_sm_at_small_d():
+  """d <= 1536: 64-column tiles, 3 stages, two resident CTAs per SM (their SMEM fits twice);
+  larger d keeps one CTA with 128-column tiles; a ctas_per_sm whose SMEM cannot fit fails."""
+  for d in (768, 1024, 1536):
+    cfg = dh_config_for(d, 512)
+    assert (cfg.block_n, cfg.epi_n, cfg.max_concurrent_steps, cfg.ctas_per_sm) == (64, 64, 3, 2)
+    validate_dh_shapes(d, 512, cfg)
+  for d in (2048, 4096, 7168):
+    cfg = dh_config_for(d, 1024)
+    assert (cfg.block_n, cfg.ctas_per_sm) == (128, 1)
+  with pytest.raises(ValueError, match="DhConfig.ctas_per_sm = 2 needs"):
+    validate_dh_shapes(1024, 512, DhConfig(ctas_per_sm=2))  # 128-column tiles: 192 KiB each
+  with pytest.raises(ValueError, match="DhConfig.ctas_per_sm must be a positive int"):
+    DhConfig(ctas_per_sm=0)
+
+
+@pytest.mark.parametrize("case", ["straddle_e5", "padding_e6"])
+def test_dh_two_ctas_per_sm_matches_xla(case):
+  """ctas_per_sm = 2 doubles the persistent grid (4 CTAs in the interpreter): every work item is
+  still computed once."""
+  a = _inputs(case)
+  got, want = _run_dh(a, dataclasses.replace(DH_CFG, block_n=64, ctas_per_sm=2))
+  _assert_dh_matches(got, want, a["plan"])
 
 
 @pytest.mark.parametrize("cfg", [

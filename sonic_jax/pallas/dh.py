@@ -66,6 +66,9 @@ class DhConfig:
   max_concurrent_steps: TMA pipeline depth. grid_block_n: L2 tile swizzle width (planar snake).
   epi_n: columns processed at once in the epilogue (bounds register pressure).
   num_sms: persistent CTAs; None = the device's SM count (2 in interpret mode).
+  ctas_per_sm: CTAs per SM of the persistent grid (num_sms · ctas_per_sm CTAs). 2 lets one
+  CTA's epilogue run while the other's K loop does, where the default kernel's SMEM fits twice
+  (``smem_bytes``: e.g. 64-column n tiles with 3 stages, 104.5 KiB).
   gather: where the dO rows are gathered: "xla" (an XLA gather before the kernel, the default)
   or "fused" (cp.async inside the kernel, a producer warpgroup + one consumer warpgroup; what
   ``PallasKernels(backward_gathers="auto")`` runs at n = 256 and at n = 512 with d >= 4096;
@@ -93,9 +96,11 @@ class DhConfig:
   num_sms: int | None = None
   gather: Literal["xla", "fused"] = "xla"
   ring: bool = False
+  ctas_per_sm: int = 1
 
   def __post_init__(self):
-    for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n", "epi_n"):
+    for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n", "epi_n",
+              "ctas_per_sm"):
       v = getattr(self, f)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"DhConfig.{f} must be a positive int, got {v!r}")
@@ -131,13 +136,20 @@ class DhConfig:
 def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") -> DhConfig:
   """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64.
 
-  gather="fused": the same tiles with the deepest ring (<= 4) that fits the SMEM next to the H
-  tiles and one staged output chunk (3 stages at 128x128x64; H200, T=32768, d=4096, n=1024,
-  E=128, K=8: 6.73-6.82 ms against 6.50 ms for the XLA gather + kernel, session 5)."""
-  del d
+  gather="xla" with d <= 1536: 64-column n tiles, 3 stages, two CTAs per SM. With a short K
+  loop (d / 64 steps) the serial epilogue (H in, dH and A' out) dominates a tile, and a second
+  resident CTA overlaps it (H200, layer step, dh kernel alone: d=768, n=512 0.750 -> 0.632 ms;
+  d=1536, n=512 0.592 -> 0.541 ms; at d=4096 it lost: n=1024 2.53 -> 2.94 ms, 5.44 -> 5.91 ms;
+  benchmarks/results/kernel-profile-h200-2026-12-04-s9-2cta.md).
+
+  gather="fused": the 128-column tiles with the deepest ring (<= 4) that fits the SMEM next to
+  the H tiles and one staged output chunk (3 stages at 128x128x64; H200, T=32768, d=4096,
+  n=1024, E=128, K=8: 6.73-6.82 ms against 6.50 ms for the XLA gather + kernel, session 5)."""
   block_n = 128 if n % 128 == 0 else 64
   config = DhConfig(block_n=block_n, epi_n=min(64, block_n))
   if gather == "xla":
+    if d <= 1536:
+      return DhConfig(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2)
     return config
   for steps in (4, 3, 2):
     fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)
@@ -225,6 +237,7 @@ def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhC
 
 
 SMEM_LIMIT = 220 * 1024  # of the 227 KiB a Hopper CTA can use; the rest for barriers
+SM_SMEM = 228 * 1024  # one Hopper SM's shared memory, 1 KiB of it reserved per resident CTA
 
 
 def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
@@ -252,6 +265,11 @@ def validate_dh_shapes(d: int, n: int, config: DhConfig) -> None:
   if smem_bytes(config) > SMEM_LIMIT:
     raise ValueError(f"DhConfig {config} needs {smem_bytes(config)} bytes of SMEM, more than "
                      f"{SMEM_LIMIT}: lower max_concurrent_steps, block_k or block_n")
+  per_sm = config.ctas_per_sm * (smem_bytes(config) + 1024 + 1024)  # + barriers, reserved
+  if per_sm > SM_SMEM:
+    raise ValueError(f"DhConfig.ctas_per_sm = {config.ctas_per_sm} needs {per_sm} bytes of SMEM "
+                     f"per SM, more than {SM_SMEM}: lower ctas_per_sm, block_n or "
+                     f"max_concurrent_steps")
 
 
 def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
@@ -382,7 +400,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
       body,
       out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
                 jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
-      grid=(persistent_ctas(config.num_sms, interpret),),
+      grid=(persistent_ctas(config.num_sms, interpret) * config.ctas_per_sm,),
       grid_names=("sm",),
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -578,7 +596,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       body,
       out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
                 jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
-      grid=(persistent_ctas(config.num_sms, interp),),
+      grid=(persistent_ctas(config.num_sms, interp) * config.ctas_per_sm,),
       grid_names=("sm",),
       num_threads=2,
       thread_name="wg",
