@@ -17,3 +17,10 @@ install_wheels() {
   export PYTHONPATH=$PYTHONPATH:/tmp/site
   for extra in "$@"; do PYTHONPATH=$PYTHONPATH:$extra; done
 }
+# begin_call: the common start of a device call: $OUT created, the carried wheels in .whl
+# installed, the GPU's name, driver and clock recorded in $OUT/gpu.txt.
+begin_call() {
+  mkdir -p "$OUT"
+  install_wheels .whl
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+}

@@ -382,3 +382,30 @@ def test_training_forward_returns_no_copy_of_the_inputs():
   assert forwarded(training_forward(layer)) == 0
   out, res = jax.jit(training_forward(layer))(*args)
   assert out.shape == (t, d) and len(res) == len(jax.tree.leaves(jax.vjp(layer, *args)[1])) - 4
+
+
+# ------------------------------------------------------------------ diagnostic variant specs
+def test_bench_variants_parse_gathers_and_options():
+  """The variant specs of benchmarks/kernel_profile.py and memory_report.py build the backend
+  they name; a bad spec exits with the grammar."""
+  import dataclasses
+  from sonic_jax.bench.variants import kernels_for
+  from sonic_jax.pallas.dh import dh_config_for
+
+  assert kernels_for("xla") == "xla"
+  k = kernels_for("pallas")
+  assert (k.backward_gathers, k.dw1_last, k.config.dh) == ("auto", True, None)
+  k = kernels_for("pallas:fused-x:dw1-early")
+  assert (k.backward_gathers, k.dw1_last) == ("fused-x", False)
+  k = kernels_for("pallas::dh-ring", 4096, 1024)
+  assert k.config.dh == dataclasses.replace(dh_config_for(4096, 1024), ring=True,
+                                            max_concurrent_steps=3)
+  k = kernels_for("pallas::dh.block_n=64:dh.ctas_per_sm=2", 4096, 1024)
+  assert (k.config.dh.block_n, k.config.dh.ctas_per_sm) == (64, 2)
+  for bad in ("triton", "pallas::nope", "pallas::dh.nope=3", "pallas::dh.block_n=x"):
+    with pytest.raises(SystemExit, match="unknown variant"):
+      kernels_for(bad, 768, 512)
+  with pytest.raises(SystemExit, match="needs the config's d and n"):
+    kernels_for("pallas::dh-ring")
+  with pytest.raises(SystemExit, match="dh-ring takes XLA's gathered dO"):
+    kernels_for("pallas:fused:dh-ring", 4096, 512)
