@@ -1,12 +1,16 @@
 """Per-kernel GPU time of one layer step (forward+backward), variant against variant.
 
-Runs the step the layer benchmark times (``jax.vjp`` of ``sonic_jax.moe`` and its backward with a
-cotangent) under CUPTI (``mosaic.gpu.profiler.measure(aggregate=False)``), and prints each
-kernel's median time over the iterations, in launch order, for every variant side by side, so a
+Runs the step the layer benchmark times (``jax.vjp`` of ``sonic_jax.moe``, its output and its
+backward with a cotangent) under CUPTI (``mosaic.gpu.profiler.measure(aggregate=False)``) and
+prints each kernel's median time over the iterations, in launch order, for every variant, so a
 difference between two totals can be pinned on the kernels that cause it. Needs a GPU.
 
   python benchmarks/kernel_profile.py --configs paper-1.4B-n512 \
       --variants pallas,pallas::dw1-early --iters 10 --out-dir /tmp/prof
+
+Variants (``sonic_jax.bench.variants``): ``pallas[:<backward_gathers>][:<option>...]``, options
+``dw1-early``, ``dh-ring`` and ``<kernel>.<field>=<value>`` over the kernel's default config, e.g.
+``pallas::up_proj.block_k=32`` or ``pallas::dh.block_n=64:dh.ctas_per_sm=2``.
 """
 
 from __future__ import annotations
@@ -57,11 +61,12 @@ def main(argv=None) -> int:
       kern = kernels_for(spec, cfg.d, cfg.n)
 
       def step(x, rw, w1, w2, ct, kern=kern, k=cfg.K):
-        _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
-        return vjp(ct)
+        out, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
+        return out, vjp(ct)  # the output too: else XLA drops down_proj and combine
 
       fn = jax.jit(step)
-      grads = jax.block_until_ready(fn(*prob.args, prob.dout))
+      grads = (out := jax.block_until_ready(fn(*prob.args, prob.dout)))[1]
+      del out
       if ref_grads is None:
         ref_grads, errs = grads, {}
       else:  # against the first variant: a faster variant must compute the same gradients

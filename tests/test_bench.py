@@ -402,9 +402,20 @@ def test_bench_variants_parse_gathers_and_options():
                                             max_concurrent_steps=3)
   k = kernels_for("pallas::dh.block_n=64:dh.ctas_per_sm=2", 4096, 1024)
   assert (k.config.dh.block_n, k.config.dh.ctas_per_sm) == (64, 2)
-  for bad in ("triton", "pallas::nope", "pallas::dh.nope=3", "pallas::dh.block_n=x"):
+  # Forward kernels too, on top of their per-shape defaults; words and booleans.
+  k = kernels_for("pallas::up_proj.block_k=32:down_proj.grid_tile_width=4:"
+                  "dx_pairs.epilogue_swizzle=true", 4096, 1024)
+  up = k._up_config(4096, 1024)
+  assert up.block_k == 32 and up.gather == kernels_for("pallas")._up_config(4096, 1024).gather
+  assert k.config.down_proj.grid_tile_width == 4 and k.config.dx_pairs.epilogue_swizzle is True
+  with pytest.raises(SystemExit, match="wg_split"):  # GemmConfig's own validation
+    kernels_for("pallas::down_proj.wg_split=m:down_proj.cross_tile=false", 4096, 1024)
+  for bad in ("triton", "pallas::nope", "pallas::dh.nope=3", "pallas::dh.block_n=6.4",
+              "pallas::combine.block_d=8"):
     with pytest.raises(SystemExit, match="unknown variant"):
       kernels_for(bad, 768, 512)
+  with pytest.raises(SystemExit, match="DhConfig.block_n"):  # the config's own validation
+    kernels_for("pallas::dh.block_n=0", 768, 512)
   with pytest.raises(SystemExit, match="needs the config's d and n"):
     kernels_for("pallas::dh-ring")
   with pytest.raises(SystemExit, match="dh-ring takes XLA's gathered dO"):

@@ -2,53 +2,76 @@
 
 ``xla``, or ``pallas[:<backward_gathers>][:<option>...]``. Options: ``dw1-early`` (dW1 where XLA
 schedules it, ``PallasKernels(dw1_last=False)``), ``dh-ring`` (dh on the warp-specialized ring
-kernel fed by TMA, ``DhConfig(ring=True)``) and ``dh.<field>=<int>`` (one field of the default
-``DhConfig`` replaced, e.g. ``dh.block_n=64``, ``dh.num_sms=264``). Examples: ``pallas:fused-x``,
-``pallas::dh-ring``, ``pallas::dh.block_n=64:dh.num_sms=264``.
+kernel fed by TMA, ``DhConfig(ring=True)``, 3 stages) and ``<kernel>.<field>=<value>`` (one field
+of that kernel's default config for the problem's shape replaced; kernels up_proj, down_proj,
+dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:fused-x``,
+``pallas::dh-ring``, ``pallas::dh.block_n=64:dh.ctas_per_sm=2``, ``pallas::up_proj.block_k=32``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
-OPTIONS = ("dw1-early", "dh-ring", "dh.<field>=<int>")
+OPTIONS = ("dw1-early", "dh-ring", "<kernel>.<field>=<value>")
+KERNELS = ("up_proj", "down_proj", "dx_pairs", "dh", "dw1", "dw2")
+_FIELD_RE = re.compile(r"^(\w+)\.(\w+)=([\w-]+)$")
 
 
-def _dh_field(opt: str) -> tuple[str, int] | None:
-  if not opt.startswith("dh.") or "=" not in opt:
+def _value(text: str):
+  if text.isdigit():
+    return int(text)
+  return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def _field(opt: str) -> tuple[str, str, object] | None:
+  """'dh.block_n=64' -> ('dh', 'block_n', 64); None when it is not a field option."""
+  m = _FIELD_RE.match(opt)
+  if not m or m.group(1) not in KERNELS:
     return None
-  field, value = opt[3:].split("=", 1)
-  from sonic_jax.pallas.dh import DhConfig
-  if field not in {f.name for f in dataclasses.fields(DhConfig)} or not value.isdigit():
-    return None
-  return field, int(value)
+  return m.group(1), m.group(2), _value(m.group(3))
+
+
+def _base_configs(kern, d: int, n: int) -> dict:
+  """Each kernel's config as ``kern`` runs it for model width d and expert width n."""
+  return {"up_proj": kern._up_config(d, n), "down_proj": kern._down_config(n, d),
+          "dx_pairs": kern._dx_config(2 * n, d), "dh": kern._dh_config(d, n),
+          "dw1": kern._dw1_config(d, 2 * n), "dw2": kern._dw2_config(n, d)}
 
 
 def kernels_for(spec: str, d: int | None = None, n: int | None = None):
   """The ExpertKernels (or backend name) that ``spec`` names for model width ``d`` and expert
-  width ``n`` (needed by the dh options); SystemExit on a bad spec."""
+  width ``n`` (needed by the config options); SystemExit on a bad spec."""
   if spec == "xla":
     return "xla"
   name, *rest = spec.split(":")
   gathers, opts = (rest[0] if rest else "") or "auto", rest[1:]
-  bad = [o for o in opts if o not in OPTIONS[:2] and _dh_field(o) is None]
-  if name != "pallas" or bad:
+  fields = [_field(o) for o in opts if o not in OPTIONS[:2]]
+  if name != "pallas" or None in fields:
     raise SystemExit(f"unknown variant {spec!r}: xla or pallas[:<gathers>][:<option>...] with "
-                     f"options {', '.join(OPTIONS)}")
+                     f"options {', '.join(OPTIONS)}; kernels {', '.join(KERNELS)}")
   from sonic_jax.pallas import configs as cfg_lib
   from sonic_jax.pallas.backend import PallasKernels
   kern = PallasKernels(backward_gathers=gathers, dw1_last="dw1-early" not in opts)
-  dh_opts = [o for o in opts if o.startswith("dh")]
-  if dh_opts:
-    if d is None or n is None:
-      raise SystemExit(f"variant {spec!r} needs the config's d and n")
-    dh = kern._dh_config(d, n)
-    if "dh-ring" in dh_opts:
-      if dh.gather != "xla":
-        raise SystemExit(f"variant {spec!r}: dh-ring takes XLA's gathered dO, but dh gathers "
-                         f"with {dh.gather!r} at d={d}, n={n}")
-      dh = dataclasses.replace(dh, ring=True, max_concurrent_steps=3)
-    dh = dataclasses.replace(dh, **dict(f for f in map(_dh_field, dh_opts) if f))
-    kern = PallasKernels(backward_gathers=gathers, dw1_last=kern.dw1_last,
-                         config=cfg_lib.ForwardConfig(dh=dh))
-  return kern
+  if not fields and "dh-ring" not in opts:
+    return kern
+  if d is None or n is None:
+    raise SystemExit(f"variant {spec!r} needs the config's d and n")
+  configs = _base_configs(kern, d, n)
+  changed: dict[str, dict] = {}
+  if "dh-ring" in opts:
+    if configs["dh"].gather != "xla":
+      raise SystemExit(f"variant {spec!r}: dh-ring takes XLA's gathered dO, but dh gathers with "
+                       f"{configs['dh'].gather!r} at d={d}, n={n}")
+    changed["dh"] = dict(ring=True, max_concurrent_steps=3)
+  for kernel, field, value in fields:
+    if field not in {f.name for f in dataclasses.fields(configs[kernel])}:
+      raise SystemExit(f"unknown variant {spec!r}: {type(configs[kernel]).__name__} has no "
+                       f"field {field!r}")
+    changed.setdefault(kernel, {})[field] = value
+  try:
+    config = cfg_lib.ForwardConfig(**{k: dataclasses.replace(configs[k], **v)
+                                      for k, v in changed.items()})
+  except (ValueError, TypeError) as e:
+    raise SystemExit(f"variant {spec!r}: {e}") from None
+  return PallasKernels(backward_gathers=gathers, dw1_last=kern.dw1_last, config=config)

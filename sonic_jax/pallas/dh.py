@@ -244,9 +244,9 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
   """SMEM of one CTA: the prefetched H gate/up tiles and scores stay live over the K loop's
   pipeline ring, whose space the three output tiles and the dS row reuse afterwards.
 
-  gather="fused" or ring=True: the ring runs across tiles (the producer fills the next tile's stages during
-  this tile's epilogue), so nothing is reused: H tiles + ring + one epi_n chunk of the three
-  output tiles + the dS row."""
+  gather="fused" or ring=True: the ring runs across tiles (the producer fills the next tile's
+  stages during this tile's epilogue), so nothing is reused: H tiles + ring + one epi_n chunk of
+  the three output tiles + the dS row."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   h_tiles = 2 * bm * bn * itemsize + bm * 4
   ring = config.max_concurrent_steps * (bm * bk + bn * bk) * itemsize
