@@ -27,12 +27,15 @@ exactly those columns, on its own expert's rows: a row is written by the one til
 as valid; another tile of a straddled block may read dH there instead of H, but only into rows
 it masks (never stored, their dS partials never selected).
 
-The dO gather is by default an XLA gather feeding the kernel (``DhConfig(gather="xla")``; the
-kernel's lhs is the gathered (P, d) matrix). ``gather="fused"`` (opt-in, not yet timed on a GPU)
-reads the rows dout[gather_idx[p]] inside the kernel instead: a producer warpgroup issues the W2
-tiles by TMA and the dO rows by cp.async (``cp_async.py``, as up_proj's fused gather) into a ring
-that runs across tiles, and one consumer warpgroup runs the wgmma and the same epilogue; no
-(P, d) gathered copy exists in HBM.
+The dO gather is an XLA gather feeding the kernel (``DhConfig(gather="xla")``; the kernel's lhs
+is the gathered (P, d) matrix) or, with ``gather="fused"`` (what ``backward_gathers="auto"``
+picks at n = 256 and at n = 512 with d >= 4096), the rows dout[gather_idx[p]] read inside the
+kernel: a producer warpgroup issues the W2 tiles by TMA and the dO rows by cp.async
+(``cp_async.py``, as up_proj's fused gather) into a ring that runs across tiles, and one
+consumer warpgroup runs the wgmma and the same epilogue; no (P, d) gathered copy exists in HBM.
+``ring=True`` runs that kernel on XLA's gathered dO with both operands by TMA (slower on the
+H200 than the default kernel, kept as an option). With a short K loop (d <= 1536) the default
+runs two CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the other's K loop.
 """
 
 from __future__ import annotations
