@@ -128,7 +128,10 @@ def test_dh_matches_xla(case):
 DH_FUSED_CFG = dataclasses.replace(DH_CFG, max_concurrent_steps=2, gather="fused")
 # The same warp-specialized ring kernel fed by TMA from XLA's gathered dO (DhConfig(ring=True)).
 DH_RING_CFG = dataclasses.replace(DH_CFG, max_concurrent_steps=2, ring=True)
-RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG}
+RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
+             # Two consumer warpgroups splitting each 128-row tile (64 rows each).
+             "fused-2wg": dataclasses.replace(DH_FUSED_CFG, block_m=128, num_consumers=2),
+             "ring-2wg": dataclasses.replace(DH_RING_CFG, block_m=128, num_consumers=2)}
 
 
 def _assert_dh_matches(got, want, plan):
@@ -193,6 +196,11 @@ def test_dh_fused_gather_validation():
   for kw in (dict(gather="fused"), dict(ring=True)):
     with pytest.raises(ValueError, match="DhConfig.max_concurrent_steps must be >= 2"):
       DhConfig(max_concurrent_steps=1, **kw)
+  with pytest.raises(ValueError, match="DhConfig.num_consumers must be 1 or 2"):
+    DhConfig(ring=True, num_consumers=3)
+  for kw in (dict(), dict(ring=True, block_m=64)):  # the default kernel; 32-row halves
+    with pytest.raises(ValueError, match="DhConfig.num_consumers = 2 needs the ring kernel"):
+      DhConfig(num_consumers=2, **kw)
   assert DhConfig(ring=True).warp_specialized and not DhConfig().warp_specialized
   assert smem_bytes(DhConfig(ring=True)) == smem_bytes(DhConfig(gather="fused"))
   with pytest.raises(ValueError, match="dout_gathered must be None"):
@@ -247,7 +255,8 @@ def test_dh_two_ctas_per_sm_matches_xla(case):
     DhConfig(num_sms=132, max_concurrent_steps=3, gather="fused"),  # dh_config_for's, n % 128 == 0
     DhConfig(block_n=64, block_k=32, max_concurrent_steps=6, gather="fused", num_sms=132),
     DhConfig(block_n=64, block_k=128, max_concurrent_steps=2, gather="fused", num_sms=132),
-], ids=["128x128x64", "128x64x32", "128x64x128"])
+    DhConfig(num_sms=132, max_concurrent_steps=3, gather="fused", num_consumers=2),
+], ids=["128x128x64", "128x64x32", "128x64x128", "2wg-128x128x64"])
 def test_dh_fused_gather_lowers_to_mosaic_gpu(cfg):
   """Lowers the fused-gather dh for CUDA on the CPU host: Mosaic GPU layout inference and MLIR
   generation, including the inline cp.async gather (64- and 128-byte swizzles, a tile row of two
@@ -262,12 +271,14 @@ def test_dh_fused_gather_lowers_to_mosaic_gpu(cfg):
     assert op in text, op
 
 
-def test_dh_ring_lowers_to_mosaic_gpu():
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_dh_ring_lowers_to_mosaic_gpu(consumers):
   """The TMA-fed ring kernel (DhConfig(ring=True)) lowers for CUDA on the CPU host: warp
-  specialization with mbarrier waits and no cp.async."""
+  specialization with mbarrier waits and no cp.async; with two consumers each takes 64-row
+  slices of the ring's dO tiles."""
   a = _inputs("straddle_e5", d=256)
   plan = a["plan"]
-  cfg = DhConfig(num_sms=132, max_concurrent_steps=3, ring=True)
+  cfg = DhConfig(num_sms=132, max_concurrent_steps=3, ring=True, num_consumers=consumers)
   f = lambda *args: dh(*args, config=cfg)
   text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
       lowering_platforms=("cuda",)).as_text()
@@ -689,7 +700,7 @@ def test_gpu_dh_matches_xla():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["fused", "ring"])
+@pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg"])
 def test_gpu_dh_fused_gather_matches_default(kind):
   """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
   stages), against the default XLA-gather kernel and the xla backend at a realistic size; same
@@ -699,8 +710,10 @@ def test_gpu_dh_fused_gather_matches_default(kind):
   s = plan.grouped_scores()
   d, n = a["dout"].shape[1], a["w2"].shape[1]
   cfg = dh_config_for(d, n, gather="fused")
-  if kind == "ring":
+  if kind.startswith("ring"):
     cfg = dataclasses.replace(cfg, gather="xla", ring=True)
+  if kind.endswith("-2wg"):
+    cfg = dataclasses.replace(cfg, num_consumers=2)
   fused = jax.jit(lambda *args: dh(*args, config=cfg))
   got = fused(a["dout"], a["w2"], a["h"], s, plan)
   base = jax.jit(lambda *args: dh(*args))(a["dout"], a["w2"], a["h"], s, plan)

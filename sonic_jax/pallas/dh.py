@@ -34,7 +34,8 @@ kernel: a producer warpgroup issues the W2 tiles by TMA and the dO rows by cp.as
 (``cp_async.py``, as up_proj's fused gather) into a ring that runs across tiles, and one
 consumer warpgroup runs the wgmma and the same epilogue; no (P, d) gathered copy exists in HBM.
 ``ring=True`` runs that kernel on XLA's gathered dO with both operands by TMA (slower on the
-H200 than the default kernel, kept as an option). With a short K loop (d <= 1536) the default
+H200 than the default kernel with one consumer, kept as an option); ``num_consumers=2`` splits
+each tile's rows between two consumer warpgroups (not yet timed on a GPU). With a short K loop (d <= 1536) the default
 runs two CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the other's K loop.
 """
 
@@ -83,6 +84,8 @@ class DhConfig:
   one consumer, a ring of max_concurrent_steps >= 2 stages across tiles, one staged epi_n output
   chunk) with both operands by TMA, so the next tile's loads overlap this tile's epilogue;
   gather="fused" always runs it. False: one warpgroup whose K pipeline restarts per tile.
+  num_consumers: consumer warpgroups of that kernel (1 or 2). 2 splits each tile's rows between
+  them (block_m / 2 = 64 each: m64 wgmmas, half the epilogue each, run side by side).
   """
 
   @property
@@ -100,6 +103,7 @@ class DhConfig:
   gather: Literal["xla", "fused"] = "xla"
   ring: bool = False
   ctas_per_sm: int = 1
+  num_consumers: int = 1
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n", "epi_n",
@@ -130,6 +134,12 @@ class DhConfig:
         raise ValueError(
             f"DhConfig.block_k with gather='fused' needs block_k * 2 bytes to divide "
             f"{cp_async.WARPGROUP * cp_async.CHUNK_BYTES}, got block_k={self.block_k}")
+    if self.num_consumers not in (1, 2):
+      raise ValueError(f"DhConfig.num_consumers must be 1 or 2, got {self.num_consumers!r}")
+    if self.num_consumers == 2 and (not self.warp_specialized or self.block_m != 128):
+      raise ValueError(f"DhConfig.num_consumers = 2 needs the ring kernel (gather='fused' or "
+                       f"ring=True) and block_m = 128, got gather={self.gather!r}, "
+                       f"ring={self.ring}, block_m={self.block_m}")
     if self.warp_specialized and self.max_concurrent_steps < 2:
       raise ValueError(f"DhConfig.max_concurrent_steps must be >= 2 with gather='fused' or "
                        f"ring=True (the consumer frees a stage one step late), got "
@@ -421,7 +431,8 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
 
 
 _PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused gather
-_CONSUMER_REGS = 240  # 512 - 40 per thread slot over the two warpgroups, capped like up_proj
+# Per thread of each consumer warpgroup: (512 - 40) over one (capped like up_proj) or two.
+_CONSUMER_REGS = {1: 240, 2: 232}
 
 
 def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, interpret,
@@ -440,12 +451,17 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   three outputs at a time. Global step g of a CTA uses slot g % slots for the (g // slots)-th
   time, which gives ``full_a``'s phase parity. The ring does not restart per tile, so the next
   tile's loads overlap this tile's epilogue. Same tiles, same dS partials as the default path.
+  With ``num_consumers=2`` warpgroups 0 and 1 consume (each its block_m / 2 rows of every tile:
+  its own H / scores prefetch, wgmma, epilogue and ragged stores; both release each stage) and
+  warpgroup 2 produces.
   """
   num_experts, n, d = w2.shape
   del num_experts
   p_rows = plan.capacity
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   slots = config.max_concurrent_steps
+  wgs = config.num_consumers
+  bm_wg = bm // wgs  # rows of a tile per consumer warpgroup
   dtype = h.dtype
   itemsize = jnp.dtype(dtype).itemsize
   interp = bool(interpret)
@@ -489,7 +505,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         return carry + k_steps  # global k step of this CTA: the ring position
       return _loop
 
-    @pl.when(wg == 1)
+    @pl.when(wg == wgs)
     def _producer():
       plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
 
@@ -518,30 +534,39 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
 
       cp_async.drain_releases(empty, total, slots)
 
-    @pl.when(wg == 0)
+    @pl.when(wg < wgs)
     def _consumer():
-      plgpu.set_max_registers(_CONSUMER_REGS, action="increase")
+      plgpu.set_max_registers(_CONSUMER_REGS[wgs], action="increase")
       wgmma_layout = plgpu.Layout.WGMMA
+      base = wg * bm_wg  # this warpgroup's first row within a tile
+      gate_w, up_w, s_w, out_w, ds_w = (r.at[wg] for r in (gate_smem, up_smem, s_smem, out_smem,
+                                                           ds_smem))
 
       def tile(mi, ni, g0):
         blk = meta_gmem[1, mi]
         lo = meta_gmem[2, mi]
         rows = meta_gmem[3, mi]
-        row_start = pl.multiple_of(blk * bm, bm)
-        m_slice = pl.ds(row_start, bm)  # may run past P on the last block: never stored
+        # This warpgroup's bm_wg rows of the tile, and the valid ones among them ([lo, lo +
+        # rows) of the tile, clipped; none is possible).
+        row0 = pl.multiple_of(blk * bm + base, bm_wg)
+        w_slice = pl.ds(row0, bm_wg)  # may run past P on the last block: never stored
+        lo_w = jnp.maximum(lo, base)
+        rows_w = jnp.maximum(jnp.minimum(lo + rows, base + bm_wg) - lo_w, 0)
+        off_w = jnp.where(rows_w > 0, lo_w - base, 0)
         # The previous tile's epilogue has read gate/up into registers (its commit_smem fenced
         # and synchronized the warpgroup), so the TMA may overwrite them.
-        plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(ni * bn, bn)], gate_smem, h_bars.at[0])
-        plgpu.copy_gmem_to_smem(h_gmem.at[m_slice, pl.ds(n + ni * bn, bn)], up_smem,
-                                h_bars.at[1])
-        plgpu.copy_gmem_to_smem(s_gmem.at[m_slice], s_smem, h_bars.at[2])
+        bars = [h_bars.at[wg * 3 + i] for i in range(3)]
+        plgpu.copy_gmem_to_smem(h_gmem.at[w_slice, pl.ds(ni * bn, bn)], gate_w, bars[0])
+        plgpu.copy_gmem_to_smem(h_gmem.at[w_slice, pl.ds(n + ni * bn, bn)], up_w, bars[1])
+        plgpu.copy_gmem_to_smem(s_gmem.at[w_slice], s_w, bars[2])
 
         def acc_scope(acc_ref):
           @pl.loop(0, k_steps)
           def _k(kk):
             g = g0 + kk
             slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp)
-            plgpu.wgmma(acc_ref, a_ring.at[slot], b_ring.at[slot].T)
+            a_tile = a_ring.at[slot] if wgs == 1 else a_ring.at[slot, pl.ds(base, bm_wg)]
+            plgpu.wgmma(acc_ref, a_tile, b_ring.at[slot].T)
             plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
 
             @pl.when(kk > 0)
@@ -551,28 +576,27 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
           return acc
 
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
-        for i in range(3):
-          plgpu.barrier_wait(h_bars.at[i])
-        s = plgpu.load(s_smem, layout=wgmma_layout.reduce(1))
+        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm_wg, bn)))
+        for bar in bars:
+          plgpu.barrier_wait(bar)
+        s = plgpu.load(s_w, layout=wgmma_layout.reduce(1))
         ds = None
         for c in range(n_chunks):
           cols = pl.ds(c * epi_n, epi_n)
           da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma_layout)
-          gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma_layout).astype(_F32)
-          up = plgpu.load(up_smem.at[:, cols], layout=wgmma_layout).astype(_F32)
+          gate = plgpu.load(gate_w.at[:, cols], layout=wgmma_layout).astype(_F32)
+          up = plgpu.load(up_w.at[:, cols], layout=wgmma_layout).astype(_F32)
           # One staged chunk (SMEM): the previous chunk's (or tile's) stores must have read it.
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
-                               (out_smem.at[0], out_smem.at[1], out_smem.at[2]))
+          ds = _epilogue_chunk(da, gate, up, s, ds, dtype, (out_w.at[0], out_w.at[1], out_w.at[2]))
           plgpu.commit_smem()
           col = ni * bn + c * epi_n
-          _store_rows(out_smem.at[0], dh_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
-          _store_rows(out_smem.at[1], dh_gmem, row_start, lo, pl.ds(n + col, epi_n), rows, bm)
-          _store_rows(out_smem.at[2], ap_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
-        ds_smem[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
+          _store_rows(out_w.at[0], dh_gmem, row0, off_w, pl.ds(col, epi_n), rows_w, bm_wg)
+          _store_rows(out_w.at[1], dh_gmem, row0, off_w, pl.ds(n + col, epi_n), rows_w, bm_wg)
+          _store_rows(out_w.at[2], ap_gmem, row0, off_w, pl.ds(col, epi_n), rows_w, bm_wg)
+        ds_w[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(ds_smem, dsp_gmem.at[ni, mi])
+        plgpu.copy_smem_to_gmem(ds_w, dsp_gmem.at[ni, mi, pl.ds(base, bm_wg)])
 
       tiles_loop(tile)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -583,17 +607,18 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       plgpu.SMEM((slots, bm, bk), dtype,
                  transforms=() if interp or pregathered else cp_async.a_transforms(bk, itemsize)),
       plgpu.SMEM((slots, bn, bk), dtype),
-      plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
-      plgpu.SMEM((bm, bn), dtype, transforms=h_transforms),
-      plgpu.SMEM((bm,), _F32),
+      # Per consumer warpgroup: H gate, H up, scores, the staged chunk, the dS row.
+      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((wgs, bm_wg), _F32),
       # dH gate, dH up, A' of one epi_n chunk, untiled: the ragged stores slice any row.
-      plgpu.SMEM((3, bm, epi_n), dtype),
-      plgpu.SMEM((bm,), _F32),
+      plgpu.SMEM((wgs, 3, bm_wg, epi_n), dtype),
+      plgpu.SMEM((wgs, bm_wg), _F32),
       *([] if pregathered else [cp_async.barrier_scratch(slots, interpret=interp)]),
       # full_b: the W2 TMA (and the pre-gathered dO tile's)
       plgpu.Barrier(num_arrivals=2 if pregathered else 1, num_barriers=slots),
-      plgpu.Barrier(num_arrivals=1, num_barriers=slots),  # empty: the consumer's release
-      plgpu.Barrier(num_arrivals=1, num_barriers=3),  # H gate, H up, scores
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' release
+      plgpu.Barrier(num_arrivals=1, num_barriers=3 * wgs),  # H gate, H up, scores per consumer
   ]
   kernel = plgpu.kernel(
       body,
@@ -601,7 +626,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                 jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
       grid=(persistent_ctas(config.num_sms, interp) * config.ctas_per_sm,),
       grid_names=("sm",),
-      num_threads=2,
+      num_threads=wgs + 1,
       thread_name="wg",
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
