@@ -1,5 +1,5 @@
 # Sourced by the scripts/h200_*.sh device-call scripts (run from the repository root): the start
-# they share. Sets T0 and PY, the environment (unbuffered Python, no GPU memory preallocation,
+# and the steps they share. Sets T0 and PY, the environment (unbuffered Python, no GPU memory preallocation,
 # this checkout on PYTHONPATH), since (seconds since T0), and install_wheels DIR [PATH...]: the
 # carried wheels in DIR, if any, installed aside into /tmp/site, which joins PYTHONPATH with the
 # extra PATHs.
@@ -17,10 +17,70 @@ install_wheels() {
   export PYTHONPATH=$PYTHONPATH:/tmp/site
   for extra in "$@"; do PYTHONPATH=$PYTHONPATH:$extra; done
 }
-# begin_call: the common start of a device call: $OUT created, the carried wheels in .whl
-# installed, the GPU's name, driver and clock recorded in $OUT/gpu.txt.
+
+# The steps the device calls share; each writes its full log under $OUT and prints a summary.
+
+# begin_call [SUBDIR...]: $OUT and its SUBDIRs created, the carried wheels in .whl installed,
+# the GPU's name, driver and clock recorded in $OUT/gpu.txt.
 begin_call() {
+  local sub
   mkdir -p "$OUT"
+  for sub in "$@"; do mkdir -p "$OUT/$sub"; done
   install_wheels .whl
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+}
+
+# gpu_tests SECONDS FILE -k EXPR: the marked GPU tests of FILE selected by EXPR, log in
+# $OUT/gpu-tests.log.
+gpu_tests() {
+  local secs=$1 file=$2
+  shift 2
+  echo "== [$(since) s] GPU tests"
+  timeout "$secs" $PY -m pytest -q -rA -m gpu "$file" "$@" > "$OUT/gpu-tests.log" 2>&1
+  grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/gpu-tests.log" | head -n 20 | cut -c1-200
+}
+
+# memory_report SECONDS ROWS CONFIGS VARIANTS: benchmarks/memory_report.py (compile only) into
+# $OUT/mem.
+memory_report() {
+  echo "== [$(since) s] memory report"
+  mkdir -p "$OUT/mem"
+  timeout "$1" $PY benchmarks/memory_report.py --out-dir "$OUT/mem" --rows "$2" --configs "$3" \
+    --variants "$4" > "$OUT/mem/report.log" 2>&1
+  grep -E "^== |^ +[0-9.]+[MG]iB\( *[0-9]+%\)" "$OUT/mem/report.log" | grep -v "^== .*Error" \
+    | head -n 150 | cut -c1-170
+  grep -A40 "^config | variant" "$OUT/mem/report.log"
+  grep -E "Error" "$OUT/mem/report.log" | head -5
+}
+
+# train_mixes SECONDS CONFIGS VARIANTS: pallas_forward.py --train-mixes (the layer step with
+# the named variants, one process) into $OUT/mixes.
+train_mixes() {
+  echo "== [$(since) s] --train-mixes ($3)"
+  mkdir -p "$OUT/mixes"
+  timeout "$1" $PY benchmarks/pallas_forward.py --out-dir "$OUT/mixes" --configs "$2" \
+    --parts train --train-mixes --train-only "$3" --skip-check --skip-baselines --iters 5 \
+    > "$OUT/mixes/run.log" 2>&1
+  grep -E "^==|train\[" "$OUT/mixes/run.log" | tail -n 40 | cut -c1-220
+}
+
+# kernel_profile SECONDS CONFIGS VARIANTS MIN_MS: benchmarks/kernel_profile.py (per-kernel times
+# of the layer step), log in $OUT/profile.log.
+kernel_profile() {
+  echo "== [$(since) s] kernel profile"
+  timeout "$1" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters 10 --configs "$2" \
+    --variants "$3" --min-ms "$4" > "$OUT/profile.log" 2>&1
+  grep -E "^==|^  (pallas|xla)|^  --|body_|Error" "$OUT/profile.log" | cut -c1-150
+}
+
+# layer_bench TOTAL_S TAG CONFIG...: the layer benchmark of the pallas backend on the CONFIGs,
+# no checks, 1 warm-up and median of 5, with the seconds left until TOTAL_S; results in $OUT.
+layer_bench() {
+  local total=$1 tag=$2
+  shift 2
+  local left=$(( total - $(since) ))
+  echo "== [$(since) s] layer benchmark, ${left} s"
+  WHEELS_DIR=installed ISOLATE=0 BUILD_FFI=0 RESULTS_DIR=$OUT BENCH_TOTAL_S=$left \
+    BENCH_ARGS="--configs $* --backends pallas --baselines none --warmup 1 --iters 5 --no-check --no-plots --tag $tag" \
+    bash benchmarks/run_h200.sh 2>&1 | tail -n 22
 }

@@ -10,24 +10,13 @@
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/memory_s8_out}
-mkdir -p "$OUT/mem" "$OUT/mixes" "$OUT/up"
-install_wheels .whl
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-
-echo "== [$(since) s] memory report"
-timeout "${MEM_S:-170}" $PY benchmarks/memory_report.py --out-dir "$OUT/mem" --rows 12 \
-  --configs "${MEM_CONFIGS:-paper-1.4B-n512,paper-7B-n512,olmoe-1b-7b,paper-30B-n1024,mixtral-8x7b,paper-1.4B-n1024,qwen3-30b-a3b}" \
-  --variants pallas,pallas:fused-x,pallas:fused > "$OUT/mem/report.log" 2>&1
-grep -E "^== |^ +[0-9.]+[MG]iB\( *[0-9]+%\)" "$OUT/mem/report.log" | grep -v "^== .*Error" | head -n 150 | cut -c1-170
-grep -A40 "^config | variant" "$OUT/mem/report.log"
-grep -E "Error" "$OUT/mem/report.log" | head -5
-
-echo "== [$(since) s] --train-mixes (default, fused-dw1, default-again)"
-timeout "${MIX_S:-300}" $PY benchmarks/pallas_forward.py --out-dir "$OUT/mixes" \
-  --configs "${MIX_CONFIGS:-30B-1024,120B-2048,DeepSeek-V3-like,OLMoE-1B-7B,7B-512,1.4B-512,Mixtral-8x7B}" \
-  --parts train --train-mixes --train-only default,fused-dw1,default-again \
-  --skip-check --skip-baselines --iters 5 > "$OUT/mixes/run.log" 2>&1
-grep -E "^==|train\[" "$OUT/mixes/run.log" | tail -n 40 | cut -c1-220
+begin_call mem mixes up
+memory_report "${MEM_S:-170}" 12 \
+  "${MEM_CONFIGS:-paper-1.4B-n512,paper-7B-n512,olmoe-1b-7b,paper-30B-n1024,mixtral-8x7b,paper-1.4B-n1024,qwen3-30b-a3b}" \
+  pallas,pallas:fused-x,pallas:fused
+train_mixes "${MIX_S:-300}" \
+  "${MIX_CONFIGS:-30B-1024,120B-2048,DeepSeek-V3-like,OLMoE-1B-7B,7B-512,1.4B-512,Mixtral-8x7B}" \
+  default,fused-dw1,default-again
 
 echo "== [$(since) s] --fused-sweep (up_proj)"
 timeout "${UP_S:-100}" $PY benchmarks/pallas_forward.py --out-dir "$OUT/up" \

@@ -12,16 +12,11 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s10_out}
 begin_call
-echo "== [$(since) s] GPU tests (dh)"
-timeout "${TEST_S:-120}" $PY -m pytest -q -rA -m gpu tests/test_pallas_backward.py -k "gpu_dh" \
-  > "$OUT/gpu-tests.log" 2>&1
-grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | head -n 12 | cut -c1-200
+gpu_tests "${TEST_S:-120}" tests/test_pallas_backward.py -k "gpu_dh"
 TWO_CTA=dh.block_n=64:dh.epi_n=64:dh.max_concurrent_steps=3:dh.ctas_per_sm=2
-echo "== [$(since) s] kernel profile"
-timeout "${PROF_S:-240}" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters 10 \
-  --configs "${PROF_CONFIGS:-paper-30B-n1024,paper-120B-n1024,olmoe-1b-7b,qwen3-30b-a3b}" \
-  --variants "pallas,pallas::dh-ring:dh.num_consumers=2,pallas::$TWO_CTA" --min-ms 0.3 2>&1 \
-  | tee "$OUT/profile.log" | grep -E "^==|^  (pallas|xla)|^  --|body_|Error" | cut -c1-150
+kernel_profile "${PROF_S:-240}" \
+  "${PROF_CONFIGS:-paper-30B-n1024,paper-120B-n1024,olmoe-1b-7b,qwen3-30b-a3b}" \
+  "pallas,pallas::dh-ring:dh.num_consumers=2,pallas::$TWO_CTA" 0.3
 echo "== [$(since) s] ffi GPU tests"
 timeout "${FFI_S:-180}" $PY -m pytest -q -rf -m gpu tests/test_ffi.py > "$OUT/ffi-gpu-tests.log" 2>&1
 tail -n 6 "$OUT/ffi-gpu-tests.log"

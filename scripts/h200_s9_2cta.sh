@@ -6,13 +6,9 @@
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s9_2cta_out}
-mkdir -p "$OUT"
-install_wheels .whl
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+begin_call
 BN64=dh.block_n=64:dh.epi_n=64:dh.max_concurrent_steps=3
-timeout "${PROF_S:-330}" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters 10 \
-  --configs "${PROF_CONFIGS:-paper-1.4B-n512,paper-7B-n512,paper-30B-n1024,paper-120B-n1024}" \
-  --variants "${PROF_VARIANTS:-pallas,pallas::$BN64:dh.num_sms=264,pallas::$BN64}" --min-ms 0.2 2>&1 \
-  | tee "$OUT/profile.log" | grep -E "^==|^  (pallas|xla)|Error" | cut -c1-160
-grep -E "^  --|body_" "$OUT/profile.log" | cut -c1-100 | head -n 80
+kernel_profile "${PROF_S:-330}" \
+  "${PROF_CONFIGS:-paper-1.4B-n512,paper-7B-n512,paper-30B-n1024,paper-120B-n1024}" \
+  "${PROF_VARIANTS:-pallas,pallas::$BN64:dh.num_sms=264,pallas::$BN64}" 0.2
 echo "== [$(since) s] done"

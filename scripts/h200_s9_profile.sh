@@ -5,10 +5,7 @@
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s9_profile_out}
-mkdir -p "$OUT"
-install_wheels .whl
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout "${PROF_S:-200}" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters 10 \
-  --configs "${PROF_CONFIGS:-paper-1.4B-n512}" \
-  --variants "${PROF_VARIANTS:-pallas,pallas::dw1-early}" 2>&1 | tee "$OUT/profile.log" | cut -c1-120
+begin_call
+kernel_profile "${PROF_S:-200}" "${PROF_CONFIGS:-paper-1.4B-n512}" \
+  "${PROF_VARIANTS:-pallas,pallas::dw1-early}" 0.01
 echo "== [$(since) s] done"

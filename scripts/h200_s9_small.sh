@@ -7,16 +7,8 @@
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s9_small_out}
-mkdir -p "$OUT"
-install_wheels .whl
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "== [$(since) s] GPU tests"
-timeout "${TEST_S:-130}" $PY -m pytest -q -rA -m gpu tests/test_pallas_backward.py \
-  -k "gpu_dh or gpu_layer_gradients" > "$OUT/gpu-tests.log" 2>&1
-grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/gpu-tests.log" | head -n 20 | cut -c1-200
-left=$(( ${TOTAL_S:-340} - $(since) ))
-echo "== [$(since) s] layer benchmark, ${left} s"
-WHEELS_DIR=installed ISOLATE=0 BUILD_FFI=0 RESULTS_DIR=$OUT BENCH_TOTAL_S=$left \
-  BENCH_ARGS="--configs paper-1.4B-n256 paper-1.4B-n512 paper-1.4B-n1024 paper-7B-n256 paper-7B-n512 paper-7B-n1024 --backends pallas --baselines none --warmup 1 --iters 5 --no-check --no-plots --tag ${BENCH_TAG:-pallas-s9-small}" \
-  bash benchmarks/run_h200.sh 2>&1 | tail -n 12
+begin_call
+gpu_tests "${TEST_S:-130}" tests/test_pallas_backward.py -k "gpu_dh or gpu_layer_gradients"
+layer_bench "${TOTAL_S:-340}" "${BENCH_TAG:-pallas-s9-small}" paper-1.4B-n256 paper-1.4B-n512 \
+  paper-1.4B-n1024 paper-7B-n256 paper-7B-n512 paper-7B-n1024
 echo "== [$(since) s] done"
