@@ -26,13 +26,6 @@ def _short(name: str, width: int = 48) -> str:
   return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def _rel(a, b):
-  """‖a − b‖ / ‖b‖ in float32, on the device (no host copy of large gradients)."""
-  import jax.numpy as jnp
-  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-  return jnp.linalg.norm((a - b).ravel()) / jnp.linalg.norm(b.ravel())
-
-
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="paper-1.4B-n512")
@@ -48,6 +41,7 @@ def main(argv=None) -> int:
   import sonic_jax
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
+  from sonic_jax.bench.runner import fwdbwd_step, rel_errs
   from sonic_jax.bench.variants import kernels_for
 
   if jax.devices()[0].platform != "gpu":
@@ -60,18 +54,15 @@ def main(argv=None) -> int:
     for spec in args.variants.split(","):
       kern = kernels_for(spec, cfg.d, cfg.n)
 
-      def step(x, rw, w1, w2, ct, kern=kern, k=cfg.K):
-        out, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
-        return out, vjp(ct)  # the output too: else XLA drops down_proj and combine
-
-      fn = jax.jit(step)
+      fn = jax.jit(fwdbwd_step(
+          lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern)))
       grads = (out := jax.block_until_ready(fn(*prob.args, prob.dout)))[1]
       del out
       if ref_grads is None:
         ref_grads, errs = grads, {}
       else:  # against the first variant: a faster variant must compute the same gradients
-        errs = {nm: float(_rel(a, b)) for nm, a, b in
-                zip(("dx", "drouter", "dw1", "dw2"), grads, ref_grads)}
+        errs = dict(zip(("dx", "drouter", "dw1", "dw2"),
+                        map(float, jax.device_get(rel_errs(tuple(grads), tuple(ref_grads))))))
       del grads
       _, timings = profiler.measure(fn, aggregate=False, iterations=args.iters)(
           *prob.args, prob.dout)

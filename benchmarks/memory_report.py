@@ -1,7 +1,8 @@
 """Where a layer step's memory goes: XLA's buffer assignment of one forward+backward step.
 
 For each config and each backend variant, compiles the step the layer benchmark measures
-(``jax.vjp`` of ``sonic_jax.moe`` and its backward with a cotangent), prints the bytes above
+(``sonic_jax.bench.runner.fwdbwd_step`` of ``sonic_jax.moe``: its output and its backward with a
+cotangent), prints the bytes above
 weights and inputs (temporaries + outputs, the benchmark's "GiB" column) and the largest slices
 of XLA's temporary allocation with the shapes that share each slice. Nothing runs on the GPU
 except compilation, so it is cheap; the full reports go to --out-dir.
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
   import sonic_jax
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
+  from sonic_jax.bench.runner import fwdbwd_step
   from sonic_jax.bench.variants import kernels_for
 
   summary = []
@@ -61,9 +63,9 @@ def main(argv=None) -> int:
     for spec in args.variants.split(","):
       kern = kernels_for(spec, cfg.d, cfg.n)
 
-      def memory_step(x, rw, w1, w2, ct, kern=kern, k=cfg.K):
-        _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
-        return vjp(ct)
+      memory_step = fwdbwd_step(
+          lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern))
+      memory_step.__name__ = "memory_step"  # the XLA dump's module name (_DUMP_RE)
 
       before = set(glob.glob(os.path.join(dump, "*memory-usage-report.txt")))
       t0 = time.perf_counter()

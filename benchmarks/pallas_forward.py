@@ -29,6 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from sonic_jax.bench.runner import fwdbwd_step, rel_errs  # noqa: E402
 from sonic_jax.bench.timing import Measured, compile_and_time  # noqa: E402
 from sonic_jax.pallas import configs as cfgs  # noqa: E402
 from sonic_jax.pallas import grouped_gemm as gg  # noqa: E402
@@ -54,19 +55,11 @@ DEFAULT_CONFIGS = "7B-256,7B-1024,30B-512,120B-2048"
 PARTS = ("up", "down", "combine", "forward", "dx", "variants", "train")
 
 
-@jax.jit
-def _rel_err(a, b):
-  # Fused reductions: no float32 copy of a multi-GiB gradient (DeepSeek-V3-like's dW1 is 15 GB).
-  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-  finite = jnp.isfinite(a).all() & jnp.isfinite(b).all()
-  err = jnp.sqrt(jnp.sum(jnp.square(a - b))) / jnp.maximum(jnp.sqrt(jnp.sum(jnp.square(b))),
-                                                            1e-30)
-  return jnp.where(finite, err, jnp.inf)
-
-
 def rel(a, b) -> float:
-  """‖a − b‖ / ‖b‖ in float32 on the device; inf when either holds a NaN or inf."""
-  return float(_rel_err(jnp.asarray(a), jnp.asarray(b)))
+  """‖a − b‖ / ‖b‖ in float32 on the device (no float32 copy of a multi-GiB gradient: DeepSeek-
+  V3-like's dW1 is 15 GB); inf when either holds a NaN or inf."""
+  err = float(rel_errs(jnp.asarray(a), jnp.asarray(b)))
+  return err if np.isfinite(err) else float("inf")
 
 
 def timer(iters: int, log=print):
@@ -315,21 +308,22 @@ def run_config(name, shape, args, log):
   def train(kern, vname):
     import sonic_jax
 
-    def g(x, rw, w1, w2):
-      _, vjp = jax.vjp(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern), x, rw, w1, w2)
-      return vjp(ct)
-    m = time_it(g, x, rw, w1, w2)
+    # The layer benchmark's step: output and gradients (with the gradients alone XLA would drop
+    # down_proj and the combine).
+    step = fwdbwd_step(lambda *a: sonic_jax.moe(*a, top_k=k, backend=kern))
+    m = time_it(lambda *a: step(*a, ct), x, rw, w1, w2)
+    grads = m.out[1]
     mem = m.compiled.memory or {}
     temp = mem.get("temp_size_in_bytes", float("nan"))
     # Above weights and inputs, as the layer benchmark and SonicMoE report it: temporaries plus
-    # the gradients written (dx, drouter, dW1, dW2).
+    # the output and the gradients written (dx, drouter, dW1, dW2).
     extra = temp + mem.get("output_size_in_bytes", float("nan"))
     errs = {}
     if train_ref:
       errs = {f"rel_{nm}": rel(a, b) for nm, a, b in
-              zip(("dx", "drouter", "dw1", "dw2"), m.out, train_ref["grads"])}
+              zip(("dx", "drouter", "dw1", "dw2"), grads, train_ref["grads"])}
     else:
-      train_ref["grads"] = m.out
+      train_ref["grads"] = grads
     record(f"train[{vname}]", m, 18 * tk * d * n, temp_gib=temp / 2**30, extra_gib=extra / 2**30,
            first_call_s=m.first_call_s, **errs)
 

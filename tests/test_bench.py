@@ -420,3 +420,42 @@ def test_bench_variants_parse_gathers_and_options():
     kernels_for("pallas::dh-ring")
   with pytest.raises(SystemExit, match="dh-ring takes XLA's gathered dO"):
     kernels_for("pallas:fused:dh-ring", 4096, 512)
+
+
+def test_timed_fwdbwd_step_runs_the_whole_forward():
+  """The layer benchmark's forward+backward (runner.fwdbwd_step) returns the layer's output, so
+  XLA keeps the forward's down projection and combine, which the backward does not read: with
+  the gradients alone the compiled step has one GEMM fewer and the timing misses it."""
+  import re
+
+  from sonic_jax.bench.problems import make_problem, sonic_layer
+  from sonic_jax.bench.runner import fwdbwd_step
+
+  cfg = configs.BenchConfig("t", 256, 128, 64, 8, 2)
+  p = make_problem(cfg)
+  layer = sonic_layer("xla", cfg, RoutingSpec())
+
+  def grads_only(*a):
+    *xs, g = a
+    return jax.vjp(layer, *xs)[1](g)
+
+  def dots(fn):
+    text = jax.jit(fn).lower(*p.args, p.dout).compile().as_text()
+    return len(re.findall(r"\bdot\(", text))
+
+  step = fwdbwd_step(layer)
+  out, grads = jax.jit(step)(*p.args, p.dout)
+  np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                np.asarray(jax.jit(layer)(*p.args), np.float32))
+  assert len(grads) == 4
+  assert dots(step) == dots(grads_only) + 1  # the down projection
+
+
+def test_rel_errs_flags_non_finite_on_either_side():
+  from sonic_jax.bench.runner import rel_errs
+  a = jnp.ones((4, 3), jnp.bfloat16)
+  b = a.at[0, 0].set(2.0)
+  err = float(rel_errs(a, b))
+  assert abs(err - 1.0 / np.sqrt(15.0)) < 1e-6
+  assert np.isnan(float(rel_errs(a.at[1, 1].set(jnp.nan), b)))
+  assert np.isnan(float(rel_errs(a, b.at[1, 1].set(jnp.inf))))

@@ -150,7 +150,11 @@ def check_config(cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> BenchCon
   return dataclasses.replace(small, T=t, name=f"{cfg.name}@T{t}E{e}K{k}")
 
 
-def _value_and_grads(layer):
+def fwdbwd_step(layer: Callable) -> Callable:
+  """(*inputs, cotangent) -> (output, input gradients): one training step of ``layer``, the
+  timed forward+backward. The output is returned because a training step's loss consumes it:
+  with the gradients alone XLA drops the forward's work the backward does not read (in the
+  SonicMoE layer the down projection and the combine), and the step would be timed without it."""
   def f(*args):
     *a, g = args
     out, vjp_fn = jax.vjp(layer, *a)
@@ -159,12 +163,13 @@ def _value_and_grads(layer):
 
 
 @jax.jit
-def _rel_errs(got, ref):
-  """Relative Frobenius errors (fp32, on the device) of matching pytrees; NaN/inf -> NaN."""
+def rel_errs(got, ref):
+  """Relative Frobenius errors ‖a − b‖ / ‖b‖ (fp32, on the device, no host copy) of matching
+  pytrees; NaN where either side holds a NaN or inf."""
   def one(a, b):
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     err = jnp.linalg.norm((a - b).ravel()) / jnp.maximum(jnp.linalg.norm(b.ravel()), 1e-30)
-    return jnp.where(jnp.all(jnp.isfinite(a)), err, jnp.nan)
+    return jnp.where(jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b)), err, jnp.nan)
   return jax.tree.map(one, got, ref)
 
 
@@ -180,13 +185,13 @@ def check_against_xla(impl: Impl, cfg: BenchConfig, spec: RoutingSpec, opts: Opt
     ref = cache[key]
   else:
     ref_layer = sonic_layer("xla", small, spec)
-    ref = jax.jit(_value_and_grads(ref_layer))(*p.args, p.dout)
+    ref = jax.jit(fwdbwd_step(ref_layer))(*p.args, p.dout)
     if cache is not None:
       cache.clear()
       cache[key] = ref
   layer, args = impl.prepare(p, spec)
-  got = jax.jit(_value_and_grads(layer))(*args, p.dout)
-  flat = jax.device_get(_rel_errs((got[0], *got[1]), (ref[0], *ref[1])))
+  got = jax.jit(fwdbwd_step(layer))(*args, p.dout)
+  flat = jax.device_get(rel_errs((got[0], *got[1]), (ref[0], *ref[1])))
   del got
   errs = {name: float(v) for name, v in zip(_CHECK_NAMES, flat)}
   worst = max(errs.values(), key=lambda v: np.inf if np.isnan(v) else v)
@@ -354,9 +359,7 @@ class Runner:
     def fwd_train(*a):
       return jax.vjp(layer, *a)
 
-    def fwdbwd(*a):
-      *xs, gg = a
-      return jax.vjp(layer, *xs)[1](gg)
+    fwdbwd = fwdbwd_step(layer)
 
     if g is None:  # dense ceiling: cotangent of the (T·K, d) output
       g = jax.jit(lambda: (0.2 * jax.random.normal(jax.random.key(2), (pairs, cfg.d),
