@@ -251,6 +251,15 @@ def test_dh_two_ctas_per_sm_matches_xla(case):
   _assert_dh_matches(got, want, a["plan"])
 
 
+def _dh_cuda_text(cfg: DhConfig) -> str:
+  """dh with ``cfg`` lowered for CUDA on the CPU host (d = 256), as text."""
+  a = _inputs("straddle_e5", d=256)
+  plan = a["plan"]
+  f = lambda *args: dh(*args, config=cfg)
+  return jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
+      lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize("cfg", [
     DhConfig(num_sms=132, max_concurrent_steps=3, gather="fused"),  # dh_config_for's, n % 128 == 0
     DhConfig(block_n=64, block_k=32, max_concurrent_steps=6, gather="fused", num_sms=132),
@@ -261,11 +270,7 @@ def test_dh_fused_gather_lowers_to_mosaic_gpu(cfg):
   """Lowers the fused-gather dh for CUDA on the CPU host: Mosaic GPU layout inference and MLIR
   generation, including the inline cp.async gather (64- and 128-byte swizzles, a tile row of two
   128-byte swizzle columns) and its mbarrier waits."""
-  a = _inputs("straddle_e5", d=256)
-  plan = a["plan"]
-  f = lambda *args: dh(*args, config=cfg)
-  text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = _dh_cuda_text(cfg)
   assert "mosaic_gpu" in text
   for op in ("cp.async.shared.global", "cp.async.mbarrier.arrive", "mbarrier.try_wait.parity"):
     assert op in text, op
@@ -276,12 +281,8 @@ def test_dh_ring_lowers_to_mosaic_gpu(consumers):
   """The TMA-fed ring kernel (DhConfig(ring=True)) lowers for CUDA on the CPU host: warp
   specialization with mbarrier waits and no cp.async; with two consumers each takes 64-row
   slices of the ring's dO tiles."""
-  a = _inputs("straddle_e5", d=256)
-  plan = a["plan"]
-  cfg = DhConfig(num_sms=132, max_concurrent_steps=3, ring=True, num_consumers=consumers)
-  f = lambda *args: dh(*args, config=cfg)
-  text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = _dh_cuda_text(
+      DhConfig(num_sms=132, max_concurrent_steps=3, ring=True, num_consumers=consumers))
   assert "mosaic_gpu" in text
   # Producer / consumer register split, TMA loads and their mbarrier waits; no cp.async gather.
   for op in ("setmaxnreg.dec", "setmaxnreg.inc", "nvvm.cp.async.bulk.tensor.shared.cluster.global",
@@ -294,13 +295,8 @@ def test_dh_ring_lowers_to_mosaic_gpu(consumers):
 def test_dh_writes_dh_over_h_in_place(gather):
   """The CUDA lowering aliases H (operand 3 or 4) with an output: dH reuses H's buffer, so the
   backward never holds H and dH as two (P, 2n) arrays (the layer's peak memory)."""
-  a = _inputs("straddle_e5", d=256)
-  plan = a["plan"]
-  cfg = (DhConfig(num_sms=132, max_concurrent_steps=3, ring=True) if gather == "ring" else
-         DhConfig(num_sms=132, max_concurrent_steps=3, gather=gather))
-  f = lambda *args: dh(*args, config=cfg)
-  text = jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
-      lowering_platforms=("cuda",)).as_text()
+  kind = dict(ring=True) if gather == "ring" else dict(gather=gather)
+  text = _dh_cuda_text(DhConfig(num_sms=132, max_concurrent_steps=3, **kind))
   aliases = [ln for ln in text.splitlines() if "mosaic_gpu" in ln and "output_operand_alias" in ln]
   assert len(aliases) == 1, "dh's kernel must alias H with its dH output"
   h_operand = 4 if gather == "fused" else 3  # (meta, [gidx,] lhs/dout, w2, h, scores)
@@ -703,8 +699,9 @@ def test_gpu_dh_matches_xla():
 @pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg"])
 def test_gpu_dh_fused_gather_matches_default(kind):
   """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
-  stages), against the default XLA-gather kernel and the xla backend at a realistic size; same
-  tiles and k order, so it should match the default to fp32 rounding; deterministic."""
+  stages), against the default XLA-gather kernel and the xla backend at a realistic size; the
+  same k order (the default's 64-column tiles at this d only change which N tiles dS's partials
+  are summed over), so it should match the default to fp32 rounding; deterministic."""
   a = _gpu_inputs()
   plan = a["plan"]
   s = plan.grouped_scores()

@@ -35,8 +35,9 @@ kernel: a producer warpgroup issues the W2 tiles by TMA and the dO rows by cp.as
 consumer warpgroup runs the wgmma and the same epilogue; no (P, d) gathered copy exists in HBM.
 ``ring=True`` runs that kernel on XLA's gathered dO with both operands by TMA (slower on the
 H200 than the default kernel with one consumer, kept as an option); ``num_consumers=2`` splits
-each tile's rows between two consumer warpgroups (not yet timed on a GPU). With a short K loop (d <= 1536) the default
-runs two CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the other's K loop.
+each tile's rows between two consumer warpgroups (not yet timed on a GPU). With a short K loop
+(d <= 1536) the default runs two CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the
+other's K loop.
 """
 
 from __future__ import annotations
