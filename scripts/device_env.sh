@@ -73,14 +73,15 @@ kernel_profile() {
   grep -E "^==|^  (pallas|xla)|^  --|body_|Error" "$OUT/profile.log" | cut -c1-150
 }
 
-# layer_bench TOTAL_S TAG CONFIG...: the layer benchmark of the pallas backend on the CONFIGs,
-# no checks, 1 warm-up and median of 5, with the seconds left until TOTAL_S; results in $OUT.
+# layer_bench TOTAL_S TAG CONFIG...: the layer benchmark of $BACKENDS (default pallas) and
+# $BASELINES (default none) on the CONFIGs, no checks, 1 warm-up and median of 5, with the seconds
+# left until TOTAL_S; results in $OUT.
 layer_bench() {
   local total=$1 tag=$2
   shift 2
   local left=$(( total - $(since) ))
   echo "== [$(since) s] layer benchmark, ${left} s"
   WHEELS_DIR=installed ISOLATE=0 BUILD_FFI=0 RESULTS_DIR=$OUT BENCH_TOTAL_S=$left \
-    BENCH_ARGS="--configs $* --backends pallas --baselines none --warmup 1 --iters 5 --no-check --no-plots --tag $tag" \
+    BENCH_ARGS="--configs $* --backends ${BACKENDS:-pallas} --baselines ${BASELINES:-none} --warmup 1 --iters 5 --no-check --no-plots --tag $tag" \
     bash benchmarks/run_h200.sh 2>&1 | tail -n 22
 }

@@ -131,7 +131,23 @@ DH_RING_CFG = dataclasses.replace(DH_CFG, max_concurrent_steps=2, ring=True)
 RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
              # Two consumer warpgroups splitting each 128-row tile (64 rows each).
              "fused-2wg": dataclasses.replace(DH_FUSED_CFG, block_m=128, num_consumers=2),
-             "ring-2wg": dataclasses.replace(DH_RING_CFG, block_m=128, num_consumers=2)}
+             "ring-2wg": dataclasses.replace(DH_RING_CFG, block_m=128, num_consumers=2),
+             # Two consumers side by side on 64 columns each (CTA tile 64 x 128), H from SMEM or
+             # read from HBM straight into registers; the one-consumer ring reading H from HBM.
+             # P = 96 ("one_expert_e3") is not a multiple of block_m: H is padded for the HBM reads.
+             "ring-2wg-n": dataclasses.replace(DH_RING_CFG, block_n=64, num_consumers=2,
+                                               consumer_split="n"),
+             "ring-2wg-n-gmem": dataclasses.replace(DH_RING_CFG, block_n=64, num_consumers=2,
+                                                    consumer_split="n", h_source="gmem"),
+             "fused-2wg-n-gmem": dataclasses.replace(DH_FUSED_CFG, block_n=64, num_consumers=2,
+                                                     consumer_split="n", h_source="gmem"),
+             "ring-gmem": dataclasses.replace(DH_RING_CFG, h_source="gmem")}
+
+# The wide ring kernel: two consumers side by side (CTA tile 128 x 256), H read from HBM into
+# registers, 2 stages of block_k 64 or 4 of 32.
+WIDE_DH = dict(block_n=128, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer_split="n",
+               h_source="gmem", max_concurrent_steps=2)
+
 
 
 def _assert_dh_matches(got, want, plan):
@@ -251,9 +267,9 @@ def test_dh_two_ctas_per_sm_matches_xla(case):
   _assert_dh_matches(got, want, a["plan"])
 
 
-def _dh_cuda_text(cfg: DhConfig) -> str:
+def _dh_cuda_text(cfg: DhConfig, n: int = 128) -> str:
   """dh with ``cfg`` lowered for CUDA on the CPU host (d = 256), as text."""
-  a = _inputs("straddle_e5", d=256)
+  a = _inputs("straddle_e5", d=256, n=n)
   plan = a["plan"]
   f = lambda *args: dh(*args, config=cfg)
   return jax.jit(f).trace(a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan).lower(
@@ -289,6 +305,29 @@ def test_dh_ring_lowers_to_mosaic_gpu(consumers):
              "nvvm.mbarrier.try_wait.parity"):
     assert op in text, op
   assert "cp.async.shared.global" not in text
+
+
+@pytest.mark.parametrize("kw", [dict(ring=True), dict(ring=True, block_k=32, max_concurrent_steps=4),
+                                dict(gather="fused")], ids=["ring", "ring-k32", "fused"])
+def test_dh_wide_lowers_to_mosaic_gpu(kw):
+  """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
+  into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
+  cfg = DhConfig(num_sms=132, **{**WIDE_DH, **kw})
+  assert smem_bytes(cfg) <= 220 * 1024
+  text = _dh_cuda_text(cfg, n=256)
+  assert "mosaic_gpu" in text and "setmaxnreg.inc" in text
+
+
+def test_dh_wide_validation():
+  with pytest.raises(ValueError, match="must be a multiple of the dh CTA tile's columns"):
+    validate_dh_shapes(1024, 128, DhConfig(ring=True, **WIDE_DH))
+  with pytest.raises(ValueError, match="h_source = 'gmem' needs the ring kernel"):
+    DhConfig(h_source="gmem")
+  with pytest.raises(ValueError, match="consumer_split must be"):
+    DhConfig(ring=True, consumer_split="k")
+  # H from HBM frees 2 x 64 KiB of SMEM: the same tiles with H in SMEM do not fit.
+  with pytest.raises(ValueError, match="bytes of SMEM"):
+    validate_dh_shapes(1024, 256, DhConfig(ring=True, **{**WIDE_DH, "h_source": "smem"}))
 
 
 @pytest.mark.parametrize("gather", ["xla", "fused", "ring"])
@@ -696,7 +735,8 @@ def test_gpu_dh_matches_xla():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg"])
+@pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg", "ring-wide",
+                                  "ring-wide-k32", "fused-wide"])
 def test_gpu_dh_fused_gather_matches_default(kind):
   """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
   stages), against the default XLA-gather kernel and the xla backend at a realistic size; the
@@ -711,6 +751,10 @@ def test_gpu_dh_fused_gather_matches_default(kind):
     cfg = dataclasses.replace(cfg, gather="xla", ring=True)
   if kind.endswith("-2wg"):
     cfg = dataclasses.replace(cfg, num_consumers=2)
+  if "-wide" in kind:
+    cfg = dataclasses.replace(cfg, **WIDE_DH)
+  if kind.endswith("-k32"):
+    cfg = dataclasses.replace(cfg, block_k=32, max_concurrent_steps=4)
   fused = jax.jit(lambda *args: dh(*args, config=cfg))
   got = fused(a["dout"], a["w2"], a["h"], s, plan)
   base = jax.jit(lambda *args: dh(*args))(a["dout"], a["w2"], a["h"], s, plan)

@@ -87,6 +87,15 @@ class DhConfig:
   gather="fused" always runs it. False: one warpgroup whose K pipeline restarts per tile.
   num_consumers: consumer warpgroups of that kernel (1 or 2). 2 splits each tile's rows between
   them (block_m / 2 = 64 each: m64 wgmmas, half the epilogue each, run side by side).
+  consumer_split: how two consumers share a CTA tile. "m" (above): block_m x block_n split by
+  rows. "n": each owns block_n columns of all block_m rows, so the CTA tile is block_m x
+  2·block_n and the dO tile is loaded once for both (128 x 256 at block_n 128: 85 FLOP per byte
+  of L2 traffic per K step against 64 for 128 x 128).
+  h_source: where the ring kernel's epilogue reads H. "smem": TMA-prefetched gate/up tiles
+  (2·block_m·block_n elements per consumer, loaded during the K loop). "gmem": loaded from HBM
+  straight into the WGMMA register layout one epi_n chunk at a time (no SMEM, so a 128 x 256
+  CTA tile fits with its ring; the load latency is not hidden). P not a multiple of block_m
+  pads a copy of H (the last tile's rows must be readable).
   """
 
   @property
@@ -105,6 +114,13 @@ class DhConfig:
   ring: bool = False
   ctas_per_sm: int = 1
   num_consumers: int = 1
+  consumer_split: Literal["m", "n"] = "m"
+  h_source: Literal["smem", "gmem"] = "smem"
+
+  @property
+  def block_n_cta(self) -> int:
+    """Columns of n per CTA tile (2·block_n with consumer_split="n")."""
+    return self.block_n * (self.num_consumers if self.consumer_split == "n" else 1)
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n", "epi_n",
@@ -137,10 +153,18 @@ class DhConfig:
             f"{cp_async.WARPGROUP * cp_async.CHUNK_BYTES}, got block_k={self.block_k}")
     if self.num_consumers not in (1, 2):
       raise ValueError(f"DhConfig.num_consumers must be 1 or 2, got {self.num_consumers!r}")
-    if self.num_consumers == 2 and (not self.warp_specialized or self.block_m != 128):
+    if self.num_consumers == 2 and (
+        not self.warp_specialized or (self.consumer_split == "m" and self.block_m != 128)):
       raise ValueError(f"DhConfig.num_consumers = 2 needs the ring kernel (gather='fused' or "
-                       f"ring=True) and block_m = 128, got gather={self.gather!r}, "
-                       f"ring={self.ring}, block_m={self.block_m}")
+                       f"ring=True) and, splitting rows (consumer_split='m'), block_m = 128, got "
+                       f"gather={self.gather!r}, ring={self.ring}, block_m={self.block_m}")
+    if self.consumer_split not in ("m", "n"):
+      raise ValueError(f"DhConfig.consumer_split must be 'm' or 'n', got {self.consumer_split!r}")
+    if self.h_source not in ("smem", "gmem"):
+      raise ValueError(f"DhConfig.h_source must be 'smem' or 'gmem', got {self.h_source!r}")
+    if self.h_source == "gmem" and not self.warp_specialized:
+      raise ValueError("DhConfig.h_source = 'gmem' needs the ring kernel (gather='fused' or "
+                       "ring=True)")
     if self.warp_specialized and self.max_concurrent_steps < 2:
       raise ValueError(f"DhConfig.max_concurrent_steps must be >= 2 with gather='fused' or "
                        f"ring=True (the consumer frees a stage one step late), got "
@@ -263,9 +287,14 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
   the three output tiles + the dS row."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   h_tiles = 2 * bm * bn * itemsize + bm * 4
-  ring = config.max_concurrent_steps * (bm * bk + bn * bk) * itemsize
+  ring = config.max_concurrent_steps * (bm * bk + config.block_n_cta * bk) * itemsize
   if config.warp_specialized:
-    return h_tiles + ring + 3 * bm * config.epi_n * itemsize + bm * 4
+    # Per consumer: its H tiles (bm_wg x block_n, unless read from HBM), scores, one staged
+    # epi_n chunk of the three outputs and the dS row.
+    wgs = config.num_consumers
+    bm_wg = bm if config.consumer_split == "n" else bm // wgs
+    h_wg = 2 * bm_wg * bn * itemsize if config.h_source == "smem" else 0
+    return ring + wgs * (h_wg + bm_wg * 4 + 3 * bm_wg * config.epi_n * itemsize + bm_wg * 4)
   outputs = 3 * bm * bn * itemsize + bm * 4
   return h_tiles + max(ring, outputs)
 
@@ -276,6 +305,10 @@ def validate_dh_shapes(d: int, n: int, config: DhConfig) -> None:
     raise ValueError(f"d ({d}) must be a multiple of DhConfig.block_k ({config.block_k})")
   if n % config.block_n:
     raise ValueError(f"n ({n}) must be a multiple of DhConfig.block_n ({config.block_n})")
+  if n % config.block_n_cta:
+    raise ValueError(f"n ({n}) must be a multiple of the dh CTA tile's columns "
+                     f"({config.block_n_cta} = {config.num_consumers} consumers side by side "
+                     f"(consumer_split='n') x DhConfig.block_n {config.block_n})")
   if smem_bytes(config) > SMEM_LIMIT:
     raise ValueError(f"DhConfig {config} needs {smem_bytes(config)} bytes of SMEM, more than "
                      f"{SMEM_LIMIT}: lower max_concurrent_steps, block_k or block_n")
@@ -462,14 +495,18 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   slots = config.max_concurrent_steps
   wgs = config.num_consumers
-  bm_wg = bm // wgs  # rows of a tile per consumer warpgroup
+  split_n = config.consumer_split == "n" and wgs > 1
+  h_from_gmem = config.h_source == "gmem"
+  bm_wg = bm if split_n else bm // wgs  # rows of a tile per consumer warpgroup
+  bn_cta = config.block_n_cta  # columns of n per CTA tile (each consumer's block_n with split_n)
+  b_parts = wgs if split_n else 1  # W2 tile copies per step: one per consumer's columns
   dtype = h.dtype
   itemsize = jnp.dtype(dtype).itemsize
   interp = bool(interpret)
   tiles = tiles_lib.make_tiles(plan.group_sizes, plan.group_offsets, block_m=bm, align=bm,
                                capacity=p_rows)
   tiles_max = tiles.expert.shape[0]
-  grid_n = n // bn
+  grid_n = n // bn_cta
   k_steps = d // bk
   n_chunks = bn // epi_n
   scores_grouped = scores_grouped.astype(_F32)
@@ -478,20 +515,27 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   blocks = -(-p_rows // bm)
   gidx = None if pregathered else jnp.pad(plan.gather_idx.astype(jnp.int32),
                                           (0, blocks * bm - p_rows))
+  # Loads of H from HBM into registers have no out-of-bounds fill: the last block's rows must
+  # exist, so H gets padding rows (a copy) when P is not a multiple of block_m.
+  h_pad = blocks * bm - p_rows if h_from_gmem else 0
+  if h_pad:
+    h = jnp.pad(h, ((0, h_pad), (0, 0)))
 
   swizzle = plgpu.find_swizzle(epi_n * itemsize * 8)
   h_transforms = (plgpu.TilingTransform((8, swizzle // itemsize)),
                   plgpu.SwizzleTransform(swizzle))
 
   def body(*refs):
-    if pregathered:
-      (meta_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem, a_ring, b_ring,
-       gate_smem, up_smem, s_smem, out_smem, ds_smem, full_b, empty, h_bars) = refs
-      full_a = gidx_gmem = None
-    else:
-      (meta_gmem, gidx_gmem, dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem, a_ring,
-       b_ring, gate_smem, up_smem, s_smem, out_smem, ds_smem, full_a, full_b, empty,
-       h_bars) = refs
+    refs = list(refs)
+    meta_gmem = refs.pop(0)
+    gidx_gmem = None if pregathered else refs.pop(0)
+    dout_gmem, w2_gmem, h_gmem, s_gmem, ap_gmem, dsp_gmem, a_ring, b_ring = refs[:8]
+    refs = refs[8:]
+    gate_smem, up_smem = (None, None) if h_from_gmem else (refs.pop(0), refs.pop(0))
+    s_smem, out_smem, ds_smem = refs[:3]
+    refs = refs[3:]
+    full_a = None if pregathered else refs.pop(0)
+    full_b, empty, h_bars = refs
     dh_gmem = h_gmem  # dH overwrites H in place (module docstring)
     wg = lax.axis_index("wg")
     num_tiles = meta_gmem[4, 0]
@@ -522,8 +566,10 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           @pl.when(g >= slots)
           def _():
             plgpu.barrier_wait(empty.at[slot])
-          plgpu.copy_gmem_to_smem(w2_gmem.at[e, pl.ds(ni * bn, bn), pl.ds(kk * bk, bk)],
-                                  b_ring.at[slot], full_b.at[slot])
+          for c in range(b_parts):
+            plgpu.copy_gmem_to_smem(
+                w2_gmem.at[e, pl.ds(ni * bn_cta + c * bn, bn), pl.ds(kk * bk, bk)],
+                b_ring.at[slot, c], full_b.at[slot])
           if pregathered:
             plgpu.copy_gmem_to_smem(dout_gmem.at[pl.ds(row0, bm), pl.ds(kk * bk, bk)],
                                     a_ring.at[slot], full_b.at[slot])
@@ -539,9 +585,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
     def _consumer():
       plgpu.set_max_registers(_CONSUMER_REGS[wgs], action="increase")
       wgmma_layout = plgpu.Layout.WGMMA
-      base = wg * bm_wg  # this warpgroup's first row within a tile
-      gate_w, up_w, s_w, out_w, ds_w = (r.at[wg] for r in (gate_smem, up_smem, s_smem, out_smem,
-                                                           ds_smem))
+      base = 0 if split_n else wg * bm_wg  # this warpgroup's first row within a tile
+      s_w, out_w, ds_w = (r.at[wg] for r in (s_smem, out_smem, ds_smem))
 
       def tile(mi, ni, g0):
         blk = meta_gmem[1, mi]
@@ -554,11 +599,16 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         lo_w = jnp.maximum(lo, base)
         rows_w = jnp.maximum(jnp.minimum(lo + rows, base + bm_wg) - lo_w, 0)
         off_w = jnp.where(rows_w > 0, lo_w - base, 0)
+        # This warpgroup's first column of n (its block_n columns of the CTA tile).
+        col0 = ni * bn_cta + (wg * bn if split_n else 0)
+        bars = [h_bars.at[wg * 3 + i] for i in range(3)]
         # The previous tile's epilogue has read gate/up into registers (its commit_smem fenced
         # and synchronized the warpgroup), so the TMA may overwrite them.
-        bars = [h_bars.at[wg * 3 + i] for i in range(3)]
-        plgpu.copy_gmem_to_smem(h_gmem.at[w_slice, pl.ds(ni * bn, bn)], gate_w, bars[0])
-        plgpu.copy_gmem_to_smem(h_gmem.at[w_slice, pl.ds(n + ni * bn, bn)], up_w, bars[1])
+        if not h_from_gmem:
+          plgpu.copy_gmem_to_smem(h_gmem.at[w_slice, pl.ds(col0, bn)], gate_smem.at[wg],
+                                  bars[0])
+          plgpu.copy_gmem_to_smem(h_gmem.at[w_slice, pl.ds(n + col0, bn)], up_smem.at[wg],
+                                  bars[1])
         plgpu.copy_gmem_to_smem(s_gmem.at[w_slice], s_w, bars[2])
 
         def acc_scope(acc_ref):
@@ -566,8 +616,9 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           def _k(kk):
             g = g0 + kk
             slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp)
-            a_tile = a_ring.at[slot] if wgs == 1 else a_ring.at[slot, pl.ds(base, bm_wg)]
-            plgpu.wgmma(acc_ref, a_tile, b_ring.at[slot].T)
+            a_tile = a_ring.at[slot] if bm_wg == bm else a_ring.at[slot, pl.ds(base, bm_wg)]
+            b_tile = b_ring.at[slot, wg if split_n else 0]
+            plgpu.wgmma(acc_ref, a_tile, b_tile.T)
             plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
 
             @pl.when(kk > 0)
@@ -578,53 +629,65 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           return acc
 
         acc = pl.run_scoped(acc_scope, plgpu.ACC((bm_wg, bn)))
-        for bar in bars:
+        for bar in bars if not h_from_gmem else bars[2:]:
           plgpu.barrier_wait(bar)
         s = plgpu.load(s_w, layout=wgmma_layout.reduce(1))
         ds = None
         for c in range(n_chunks):
-          cols = pl.ds(c * epi_n, epi_n)
           da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma_layout)
-          gate = plgpu.load(gate_w.at[:, cols], layout=wgmma_layout).astype(_F32)
-          up = plgpu.load(up_w.at[:, cols], layout=wgmma_layout).astype(_F32)
+          if h_from_gmem:
+            # Straight into registers (Mosaic GPU's unoptimized GMEM load: no SMEM staging).
+            gate, up = (plgpu.load(h_gmem.at[w_slice, pl.ds(off + col0 + c * epi_n, epi_n)],
+                                   layout=wgmma_layout, optimized=False).astype(_F32)
+                        for off in (0, n))
+          else:
+            cols = pl.ds(c * epi_n, epi_n)
+            gate = plgpu.load(gate_smem.at[wg, :, cols], layout=wgmma_layout).astype(_F32)
+            up = plgpu.load(up_smem.at[wg, :, cols], layout=wgmma_layout).astype(_F32)
           # One staged chunk (SMEM): the previous chunk's (or tile's) stores must have read it.
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           ds = _epilogue_chunk(da, gate, up, s, ds, dtype, (out_w.at[0], out_w.at[1], out_w.at[2]))
           plgpu.commit_smem()
-          col = ni * bn + c * epi_n
+          col = col0 + c * epi_n
           _store_rows(out_w.at[0], dh_gmem, row0, off_w, pl.ds(col, epi_n), rows_w, bm_wg)
           _store_rows(out_w.at[1], dh_gmem, row0, off_w, pl.ds(n + col, epi_n), rows_w, bm_wg)
           _store_rows(out_w.at[2], ap_gmem, row0, off_w, pl.ds(col, epi_n), rows_w, bm_wg)
         ds_w[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(ds_w, dsp_gmem.at[ni, mi, pl.ds(base, bm_wg)])
+        # dS partials per block_n columns: with split_n each consumer writes its own row.
+        n_part = ni * wgs + wg if split_n else ni
+        plgpu.copy_smem_to_gmem(ds_w, dsp_gmem.at[n_part, mi, pl.ds(base, bm_wg)])
 
       tiles_loop(tile)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
+  h_scratch = [] if h_from_gmem else [
+      # Per consumer warpgroup: H gate, H up.
+      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
+  ]
   scratch = [
       # Untiled in the interpreter (it checks no layouts and its row copies need none); the
       # TMA-fed ring's layout is left to Mosaic GPU's inference.
       plgpu.SMEM((slots, bm, bk), dtype,
                  transforms=() if interp or pregathered else cp_async.a_transforms(bk, itemsize)),
-      plgpu.SMEM((slots, bn, bk), dtype),
-      # Per consumer warpgroup: H gate, H up, scores, the staged chunk, the dS row.
-      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
-      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((slots, b_parts, bn, bk), dtype),
+      *h_scratch,
+      # Per consumer warpgroup: scores, the staged chunk (dH gate, dH up, A' of one epi_n
+      # chunk, untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((wgs, bm_wg), _F32),
-      # dH gate, dH up, A' of one epi_n chunk, untiled: the ragged stores slice any row.
       plgpu.SMEM((wgs, 3, bm_wg, epi_n), dtype),
       plgpu.SMEM((wgs, bm_wg), _F32),
       *([] if pregathered else [cp_async.barrier_scratch(slots, interpret=interp)]),
-      # full_b: the W2 TMA (and the pre-gathered dO tile's)
-      plgpu.Barrier(num_arrivals=2 if pregathered else 1, num_barriers=slots),
+      # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
+      plgpu.Barrier(num_arrivals=b_parts + (1 if pregathered else 0), num_barriers=slots),
       plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' release
       plgpu.Barrier(num_arrivals=1, num_barriers=3 * wgs),  # H gate, H up, scores per consumer
   ]
   kernel = plgpu.kernel(
       body,
       out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
-                jax.ShapeDtypeStruct((grid_n, tiles_max, bm), _F32)),
+                jax.ShapeDtypeStruct((n // bn, tiles_max, bm), _F32)),
       grid=(persistent_ctas(config.num_sms, interp) * config.ctas_per_sm,),
       grid_names=("sm",),
       num_threads=wgs + 1,
@@ -642,6 +705,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   operands = (dout,) if pregathered else (gidx, dout)
   a_prime, ds_part = kernel(meta, *operands, w2, h_ref, scores_grouped)
   dh_out = h_ref[...]
+  if h_pad:
+    dh_out = dh_out[:p_rows]
   tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
