@@ -141,12 +141,17 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
                                                     consumer_split="n", h_source="gmem"),
              "fused-2wg-n-gmem": dataclasses.replace(DH_FUSED_CFG, block_n=64, num_consumers=2,
                                                      consumer_split="n", h_source="gmem"),
-             "ring-gmem": dataclasses.replace(DH_RING_CFG, h_source="gmem")}
+             "ring-gmem": dataclasses.replace(DH_RING_CFG, h_source="gmem"),
+             # Fewer staging buffers than outputs: each output stored as soon as written.
+             "ring-2wg-n-gmem-1buf": dataclasses.replace(
+                 DH_RING_CFG, block_n=64, num_consumers=2, consumer_split="n", h_source="gmem",
+                 epi_buffers=1),
+             "fused-2buf": dataclasses.replace(DH_FUSED_CFG, epi_buffers=2)}
 
 # The wide ring kernel: two consumers side by side (CTA tile 128 x 256), H read from HBM into
-# registers, 2 stages of block_k 64 or 4 of 32.
+# registers, two staging buffers per consumer, 3 stages of block_k 64 (or 6 of 32).
 WIDE_DH = dict(block_n=128, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer_split="n",
-               h_source="gmem", max_concurrent_steps=2)
+               h_source="gmem", max_concurrent_steps=3, epi_buffers=2)
 
 
 
@@ -307,7 +312,7 @@ def test_dh_ring_lowers_to_mosaic_gpu(consumers):
   assert "cp.async.shared.global" not in text
 
 
-@pytest.mark.parametrize("kw", [dict(ring=True), dict(ring=True, block_k=32, max_concurrent_steps=4),
+@pytest.mark.parametrize("kw", [dict(ring=True), dict(ring=True, block_k=32, max_concurrent_steps=6),
                                 dict(gather="fused")], ids=["ring", "ring-k32", "fused"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
@@ -325,6 +330,10 @@ def test_dh_wide_validation():
     DhConfig(h_source="gmem")
   with pytest.raises(ValueError, match="consumer_split must be"):
     DhConfig(ring=True, consumer_split="k")
+  with pytest.raises(ValueError, match="epi_buffers must be 1, 2 or 3"):
+    DhConfig(ring=True, epi_buffers=0)
+  # Two staging buffers instead of three leave room for the third stage.
+  assert smem_bytes(DhConfig(ring=True, **{**WIDE_DH, "epi_buffers": 3})) > 220 * 1024
   # H from HBM frees 2 x 64 KiB of SMEM: the same tiles with H in SMEM do not fit.
   with pytest.raises(ValueError, match="bytes of SMEM"):
     validate_dh_shapes(1024, 256, DhConfig(ring=True, **{**WIDE_DH, "h_source": "smem"}))
@@ -754,7 +763,7 @@ def test_gpu_dh_fused_gather_matches_default(kind):
   if "-wide" in kind:
     cfg = dataclasses.replace(cfg, **WIDE_DH)
   if kind.endswith("-k32"):
-    cfg = dataclasses.replace(cfg, block_k=32, max_concurrent_steps=4)
+    cfg = dataclasses.replace(cfg, block_k=32, max_concurrent_steps=6)
   fused = jax.jit(lambda *args: dh(*args, config=cfg))
   got = fused(a["dout"], a["w2"], a["h"], s, plan)
   base = jax.jit(lambda *args: dh(*args))(a["dout"], a["w2"], a["h"], s, plan)

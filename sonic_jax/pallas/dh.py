@@ -96,6 +96,10 @@ class DhConfig:
   straight into the WGMMA register layout one epi_n chunk at a time (no SMEM, so a 128 x 256
   CTA tile fits with its ring; the load latency is not hidden). P not a multiple of block_m
   pads a copy of H (the last tile's rows must be readable).
+  epi_buffers: SMEM staging buffers (bm_wg x epi_n each) per consumer of the ring kernel for the
+  three outputs of an epilogue chunk (dH gate, dH up, A'). 3: written together, then stored;
+  1 or 2: each output stored as soon as written, reusing a buffer once its store has read it,
+  which leaves SMEM for a deeper ring.
   """
 
   @property
@@ -116,6 +120,7 @@ class DhConfig:
   num_consumers: int = 1
   consumer_split: Literal["m", "n"] = "m"
   h_source: Literal["smem", "gmem"] = "smem"
+  epi_buffers: int = 3
 
   @property
   def block_n_cta(self) -> int:
@@ -162,6 +167,8 @@ class DhConfig:
       raise ValueError(f"DhConfig.consumer_split must be 'm' or 'n', got {self.consumer_split!r}")
     if self.h_source not in ("smem", "gmem"):
       raise ValueError(f"DhConfig.h_source must be 'smem' or 'gmem', got {self.h_source!r}")
+    if self.epi_buffers not in (1, 2, 3):
+      raise ValueError(f"DhConfig.epi_buffers must be 1, 2 or 3, got {self.epi_buffers!r}")
     if self.h_source == "gmem" and not self.warp_specialized:
       raise ValueError("DhConfig.h_source = 'gmem' needs the ring kernel (gather='fused' or "
                        "ring=True)")
@@ -180,6 +187,13 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
   d=1536, n=512 0.592 -> 0.541 ms; at d=4096 it lost: n=1024 2.53 -> 2.94 ms, 5.44 -> 5.91 ms;
   benchmarks/results/kernel-profile-h200-2026-12-04-s9-2cta.md).
 
+  gather="xla" with d >= 4096 and n % 256 == 0: the wide ring kernel (two consumers side by
+  side on a 128 x 256 CTA tile, H read from HBM into registers, two staging buffers, 6 stages
+  of block_k 32). H200, dh kernel alone, against the one-warpgroup 128 x 128 kernel: 5.21 /
+  5.50 ms at T=32768, d=4096, n=1024, E=128, K=8 and 2.55 / 2.73 ms at E=64, K=4; with 3
+  stages of block_k 64 it lost (5.76, 2.89 ms), and it lost at d = 768, 1536
+  (benchmarks/results/kernel-profile-h200-2026-12-04-s10.md).
+
   gather="fused": the 128-column tiles with the deepest ring (<= 4) that fits the SMEM next to
   the H tiles and one staged output chunk (3 stages at 128x128x64; H200, T=32768, d=4096,
   n=1024, E=128, K=8: 6.73-6.82 ms against 6.50 ms for the XLA gather + kernel, session 5)."""
@@ -188,6 +202,9 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
   if gather == "xla":
     if d <= 1536:
       return DhConfig(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2)
+    if d >= 4096 and n % 256 == 0:
+      return DhConfig(block_n=128, block_k=32, epi_n=64, max_concurrent_steps=6, ring=True,
+                      num_consumers=2, consumer_split="n", h_source="gmem", epi_buffers=2)
     return config
   for steps in (4, 3, 2):
     fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)
@@ -224,16 +241,15 @@ def _store_rows(src_smem, dst_gmem, row0, lo, cols, num_rows, max_rows: int):
     size //= 2
 
 
-def _epilogue_chunk(da, gate, up, s, ds, dtype, out_refs):
+def _epilogue_chunk(da, gate, up, s, ds, dtype, emit):
   """One epi_n-column chunk of the epilogue, in the WGMMA register layout.
 
-  da, gate, up: fp32 (bm, epi_n); s: (bm,) fp32 scores (WGMMA.reduce(1)); out_refs: SMEM refs
-  (bm, epi_n) for dH_gate, dH_up and A' (``dtype``), each written as soon as it is computed.
-  ds: the dS row partial of the previous chunks (None for the first); returns it plus this
-  chunk's Σ_j dA'·A (fp32, (bm,))."""
+  da, gate, up: fp32 (bm, epi_n); s: (bm,) fp32 scores (WGMMA.reduce(1)); emit(i, value) takes
+  output i (0 dH_gate, 1 dH_up, 2 A', each (bm, epi_n) ``dtype`` in the WGMMA layout) as soon as
+  it is computed. ds: the dS row partial of the previous chunks (None for the first); returns it
+  plus this chunk's Σ_j dA'·A (fp32, (bm,))."""
   bm, epi_n = da.shape
   wgmma = plgpu.Layout.WGMMA
-  dgate_ref, dup_ref, ap_ref = out_refs
   sig = 1.0 / (1.0 + jnp.exp(-gate))
   silu = gate * sig
   a = silu * up
@@ -241,11 +257,17 @@ def _epilogue_chunk(da, gate, up, s, ds, dtype, out_refs):
   ds = part if ds is None else ds + part
   s_b = lax.broadcast_in_dim(s, (bm, epi_n), [0])
   ds_b = da * s_b
-  dgate_ref[...] = plgpu.layout_cast(
-      (ds_b * up * sig * (1.0 + gate * (1.0 - sig))).astype(dtype), wgmma)
-  dup_ref[...] = plgpu.layout_cast((ds_b * silu).astype(dtype), wgmma)
-  ap_ref[...] = plgpu.layout_cast((a * s_b).astype(dtype), wgmma)
+  emit(0, plgpu.layout_cast((ds_b * up * sig * (1.0 + gate * (1.0 - sig))).astype(dtype), wgmma))
+  emit(1, plgpu.layout_cast((ds_b * silu).astype(dtype), wgmma))
+  emit(2, plgpu.layout_cast((a * s_b).astype(dtype), wgmma))
   return ds
+
+
+def _write_to(refs):
+  """emit for ``_epilogue_chunk`` writing output i to refs[i]."""
+  def emit(i, value):
+    refs[i][...] = value
+  return emit
 
 
 def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig) -> None:
@@ -294,7 +316,8 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
     wgs = config.num_consumers
     bm_wg = bm if config.consumer_split == "n" else bm // wgs
     h_wg = 2 * bm_wg * bn * itemsize if config.h_source == "smem" else 0
-    return ring + wgs * (h_wg + bm_wg * 4 + 3 * bm_wg * config.epi_n * itemsize + bm_wg * 4)
+    staged = config.epi_buffers * bm_wg * config.epi_n * itemsize
+    return ring + wgs * (h_wg + bm_wg * 4 + staged + bm_wg * 4)
   outputs = 3 * bm * bn * itemsize + bm * 4
   return h_tiles + max(ring, outputs)
 
@@ -390,7 +413,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma).astype(_F32)
             up = plgpu.load(up_smem.at[:, cols], layout=wgmma).astype(_F32)
             ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
-                                 (dgate_smem.at[c], dup_smem.at[c], ap_smem.at[c]))
+                                 _write_to((dgate_smem.at[c], dup_smem.at[c], ap_smem.at[c])))
           ds_smem[...] = plgpu.layout_cast(ds, plgpu.Layout.WGMMA.reduce(1))
           plgpu.commit_smem()
           for c in range(bn // epi_n):
@@ -509,6 +532,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   grid_n = n // bn_cta
   k_steps = d // bk
   n_chunks = bn // epi_n
+  n_bufs = config.epi_buffers
   scores_grouped = scores_grouped.astype(_F32)
   # The last block's window may run past P: its gather indices are padded with token 0 (a
   # valid row; those rows are computed and never stored). Pre-gathered, the TMA zero-fills.
@@ -644,14 +668,28 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             cols = pl.ds(c * epi_n, epi_n)
             gate = plgpu.load(gate_smem.at[wg, :, cols], layout=wgmma_layout).astype(_F32)
             up = plgpu.load(up_smem.at[wg, :, cols], layout=wgmma_layout).astype(_F32)
+          col = col0 + c * epi_n
+          dsts = ((dh_gmem, col), (dh_gmem, n + col), (ap_gmem, col))
           # One staged chunk (SMEM): the previous chunk's (or tile's) stores must have read it.
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          ds = _epilogue_chunk(da, gate, up, s, ds, dtype, (out_w.at[0], out_w.at[1], out_w.at[2]))
-          plgpu.commit_smem()
-          col = col0 + c * epi_n
-          _store_rows(out_w.at[0], dh_gmem, row0, off_w, pl.ds(col, epi_n), rows_w, bm_wg)
-          _store_rows(out_w.at[1], dh_gmem, row0, off_w, pl.ds(n + col, epi_n), rows_w, bm_wg)
-          _store_rows(out_w.at[2], ap_gmem, row0, off_w, pl.ds(col, epi_n), rows_w, bm_wg)
+          if n_bufs == 3:
+            ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
+                                 _write_to((out_w.at[0], out_w.at[1], out_w.at[2])))
+            plgpu.commit_smem()
+            for i, (dst, dcol) in enumerate(dsts):
+              _store_rows(out_w.at[i], dst, row0, off_w, pl.ds(dcol, epi_n), rows_w, bm_wg)
+          else:
+            def emit(i, value):
+              # Fewer staging buffers than outputs: output i reuses buffer i % n_bufs once the
+              # store of the output before it there has read it.
+              if i >= n_bufs:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+              out_w.at[i % n_bufs][...] = value
+              plgpu.commit_smem()
+              dst, dcol = dsts[i]
+              _store_rows(out_w.at[i % n_bufs], dst, row0, off_w, pl.ds(dcol, epi_n), rows_w,
+                          bm_wg)
+            ds = _epilogue_chunk(da, gate, up, s, ds, dtype, emit)
         ds_w[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
         plgpu.commit_smem()
         # dS partials per block_n columns: with split_n each consumer writes its own row.
@@ -676,7 +714,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       # Per consumer warpgroup: scores, the staged chunk (dH gate, dH up, A' of one epi_n
       # chunk, untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((wgs, bm_wg), _F32),
-      plgpu.SMEM((wgs, 3, bm_wg, epi_n), dtype),
+      plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype),
       plgpu.SMEM((wgs, bm_wg), _F32),
       *([] if pregathered else [cp_async.barrier_scratch(slots, interpret=interp)]),
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
