@@ -321,6 +321,39 @@ def test_merge_keeps_measured_rows_and_readme_shows_only_the_merge(tmp_path):
     merge.merge([("x.json", old), ("y.json", other)])
 
 
+def test_merge_marks_rows_timed_on_the_gradients_only_step(tmp_path):
+  """Runs without meta["fwdbwd_step"] timed the JAX rows on the gradients-only step: the merge
+  marks those rows (not the PyTorch baseline's, which always ran the whole step, nor rows of
+  newer runs), and the README flags their bwd, f+b and memory cells with a dagger."""
+  from sonic_jax.bench import merge
+  from sonic_jax.bench.runner import FWDBWD_STEP
+  old = _fake_gpu_doc()
+  for r in old["results"]:
+    if r["impl"] == "ffi":  # stands in for the PyTorch baseline of an old run
+      r.update(impl="sonicmoe-torch", kind="baseline", status="ok", reason=None,
+               modes=dict(old["results"][0]["modes"]))
+  new = _fake_gpu_doc()
+  new["meta"]["date"] = "2026-12-02 15:00 UTC"
+  new["meta"]["fwdbwd_step"] = FWDBWD_STEP
+  new["results"] = [r for r in new["results"] if r["impl"] == "pallas"]
+  doc = merge.merge([("a.json", old), ("b.json", new)])
+  steps = {r["impl"]: r["fwdbwd_step"] for r in doc["results"]}
+  assert steps == {"pallas": FWDBWD_STEP, "tokamax": merge.OLD_STEP,
+                   "sonicmoe-torch": FWDBWD_STEP}
+  out = tmp_path / "bench-h200-merged.json"
+  out.write_text(json.dumps(doc))
+  sec = readme.section([(str(out), doc)], str(tmp_path / "README.md"))
+  row = next(line for line in sec.split("\n") if line.startswith("| paper-7B-n256 |"))
+  assert "300 / 310 / 305 |" in row and "† / " in row  # pallas clean, tokamax daggered
+  assert "†: timed before the benchmark's fwd+bwd step returned" in sec
+  new_only = merge.merge([("b.json", new)])
+  sec = readme.section([(str(out), new_only)], str(tmp_path / "README.md"))
+  assert "†" not in sec and "‡" not in sec
+  new["meta"]["fwdbwd_step"] = merge.UNORDERED_STEP  # session 10's first runs
+  sec = readme.section([(str(out), merge.merge([("b.json", new)]))], str(tmp_path / "README.md"))
+  assert "| 4.00‡ |" in sec and "300 / 310 / 305 |" in sec and "‡: memory of a step" in sec
+
+
 def test_dense_ceiling_backward_runs_bf16_gemms():
   """The ceiling's fwd+bwd has only bf16 x bf16 dots (fp32 GEMMs would lower the ceiling)."""
   import jax
@@ -449,6 +482,8 @@ def test_timed_fwdbwd_step_runs_the_whole_forward():
                                 np.asarray(jax.jit(layer)(*p.args), np.float32))
   assert len(grads) == 4
   assert dots(step) == dots(grads_only) + 1  # the down projection
+  # The cotangent waits for the whole output, as a loss's would.
+  assert "stablehlo.optimization_barrier" in jax.jit(step).lower(*p.args, p.dout).as_text()
 
 
 def test_rel_errs_flags_non_finite_on_either_side():

@@ -4,7 +4,9 @@ A device call lasts at most ten minutes, so a full run of every backend and base
 split over calls (``--backends ... --baselines none`` in one, ``--backends none --baselines
 ...`` in another). ``python -m sonic_jax.bench.merge OUT.json RUN1.json RUN2.json ...`` keeps,
 for every (config, impl), the row of the LAST run that measured it (status ok/partial; else the
-last run's row), marks each row with the file it came from, and records the sources in
+last run's row), marks each row with the file it came from and with what its timed fwd+bwd
+step returned (``fwdbwd_step``: runs before that key existed timed the gradients alone), and
+records the sources in
 ``meta["merged_from"]`` (``sonic_jax.bench.readme`` then shows only the merged document). A
 ``--check-only`` run's check is added to the row it checks (``check_source`` names its file).
 Runs must share routing and device.
@@ -18,9 +20,26 @@ import json
 import os
 
 from sonic_jax.bench import report
-from sonic_jax.bench.runner import CHECK_ONLY
+from sonic_jax.bench.runner import CHECK_ONLY, FWDBWD_STEP
 
 _MEASURED = ("ok", "partial")
+# Runs recorded before meta["fwdbwd_step"] existed timed the JAX rows' fwd+bwd on the gradients
+# alone (XLA dropped the forward's down projection and combine); the PyTorch SonicMoE baseline
+# always ran the whole step (``moe(x).backward()``).
+OLD_STEP = "grads-only"
+# Session 10's first runs: output and gradients, but the cotangent did not wait for the output
+# (timings stand; memory may hold the forward's (T·K, d) Y at the backward's peak).
+UNORDERED_STEP = "output+grads"
+_WHOLE_STEP_ALWAYS = ("sonicmoe-torch",)
+
+
+def row_step(row: dict, meta: dict) -> str:
+  """What ``row``'s timed fwd+bwd step returned: runner.FWDBWD_STEP or OLD_STEP."""
+  if row.get("fwdbwd_step"):
+    return row["fwdbwd_step"]
+  if meta.get("fwdbwd_step") or row.get("impl") in _WHOLE_STEP_ALWAYS:
+    return meta.get("fwdbwd_step") or FWDBWD_STEP
+  return OLD_STEP
 
 
 def merge(docs: list[tuple[str, dict]]) -> dict:
@@ -38,7 +57,7 @@ def merge(docs: list[tuple[str, dict]]) -> dict:
   for path, doc in docs:
     for row in doc["results"]:
       key = (row["config"], row["impl"])
-      row = dict(row, source=os.path.basename(path))
+      row = dict(row, source=os.path.basename(path), fwdbwd_step=row_step(row, doc["meta"]))
       old = rows.get(key)
       if row["status"] == CHECK_ONLY and old is not None:
         if (row.get("check") or {}).get("ok") is not None:  # ran (passed or failed)

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from sonic_jax.bench.merge import OLD_STEP, UNORDERED_STEP
 from sonic_jax.bench.report import GiB, _mode, _tf, memory_bytes
 
 START = "<!-- bench:start -->"
@@ -63,11 +64,25 @@ def _cell(row) -> str:
   fb = _mode(row, "fwdbwd", "tflops")
   # The dense ceiling's training forward writes XLA's autodiff residuals, which its fused
   # fwd+bwd program never materializes, so (fwd+bwd) - fwd understates its backward: no bwd.
-  cell = f"{_tf(f)} / {'–' if row.get('kind') == 'ceiling' else _tf(b)} / {_tf(fb)}"
+  old = "†" if _old_step(row) else ""
+  cell = (f"{_tf(f)} / {'–' if row.get('kind') == 'ceiling' else _tf(b) + old} / "
+          f"{_tf(fb)}{old}")
   check = row.get("check") or {}
   if check.get("ok") is False:
     cell += " ✗"
   return cell
+
+
+def _old_step(row) -> bool:
+  """Whether ``row``'s fwd+bwd was timed on the gradients-only step (merge.OLD_STEP)."""
+  return row is not None and row.get("fwdbwd_step") == OLD_STEP
+
+
+def _mem_mark(row) -> str:
+  """† (gradients-only step) or ‡ (cotangent not ordered after the output) on a memory cell."""
+  if _old_step(row):
+    return "†"
+  return "‡" if row is not None and row.get("fwdbwd_step") == UNORDERED_STEP else ""
 
 
 def _rel(path: str, readme: str) -> str:
@@ -98,7 +113,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
       "",
   ]
   for _, doc in docs:
-    lines += [f"> Note ({doc['meta']['date'][:10]}): {note}" for note in doc["meta"].get("notes", [])]
+    # A merged document's per-run notes ("[run.json] ...") stay in its full report.
+    lines += [f"> Note ({doc['meta']['date'][:10]}): {note}" for note in doc["meta"].get("notes", [])
+              if not (doc["meta"].get("merged_from") and note.startswith("["))]
   if lines[-1].startswith(">"):
     lines.append("")
   for path, doc in docs:
@@ -132,7 +149,7 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
       for i in mem_impls:
         r = by.get((c, i))
         mem = memory_bytes(r) if r and r["status"] in ("ok", "partial") else None
-        cells.append(f"{mem / GiB:.2f}" if mem else "")
+        cells.append(f"{mem / GiB:.2f}{_mem_mark(r)}" if mem else "")
       rows.append(cells)
     title = "Top-K routing, uniform" if m["routing"] == "topk" else f"Routing: {m['routing']}"
     lines += [f"**{title}** (full report: [{os.path.basename(path)[:-5]}.md]"
@@ -148,6 +165,16 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
   lines.append("GiB: memory of one fwd+bwd step above its weights and inputs (the compiled "
                "step's outputs, gradients included, and temporaries; for the PyTorch SonicMoE, "
                "its allocator peak above weights and inputs: the same quantity).")
+  if any(_old_step(r) for _, d in docs for r in d["results"]):
+    lines += ["", "†: timed before the benchmark's fwd+bwd step returned the layer's output: "
+              "XLA dropped the forward's down projection and combine from that step, so the "
+              "backward and fwd+bwd TFLOP/s are overstated and the memory lacks the output and "
+              "the transient (T·K, d) Y; not comparable with the other rows."]
+  if any(_mem_mark(r) == "‡" for _, d in docs for r in d["results"]):
+    lines += ["", "‡: memory of a step whose random cotangent did not wait for the layer's "
+              "output, so XLA could keep the forward's (T·K, d) Y alive into the backward, "
+              "which a training step (cotangent from the loss) cannot; the timings stand. The "
+              "ordered step's memory is in benchmarks/results/memory-report-*.md."]
   return "\n".join(lines)
 
 

@@ -150,14 +150,26 @@ def check_config(cfg: BenchConfig, spec: RoutingSpec, opts: Options) -> BenchCon
   return dataclasses.replace(small, T=t, name=f"{cfg.name}@T{t}E{e}K{k}")
 
 
+# What the timed step does (results meta "fwdbwd_step"). Earlier values: none (2026-12-02 to
+# 12-04, session 9: the gradients alone) and "output+grads" (session 10's first runs: the output
+# too, but the cotangent did not wait for it, so XLA could keep the forward's (T·K, d) Y alive
+# into the backward, which inflates the step's memory).
+FWDBWD_STEP = "output, barrier, grads"
+
+
 def fwdbwd_step(layer: Callable) -> Callable:
   """(*inputs, cotangent) -> (output, input gradients): one training step of ``layer``, the
   timed forward+backward. The output is returned because a training step's loss consumes it:
   with the gradients alone XLA drops the forward's work the backward does not read (in the
-  SonicMoE layer the down projection and the combine), and the step would be timed without it."""
+  SonicMoE layer the down projection and the combine), and the step would be timed without it.
+  A training step's cotangent comes from the loss, i.e. after the whole output; the random
+  cotangent gets that dependency through an optimization barrier, so XLA cannot move the
+  forward's down projection and combine into the backward, where their (T·K, d) Y would be
+  alive at the backward's peak."""
   def f(*args):
     *a, g = args
     out, vjp_fn = jax.vjp(layer, *a)
+    out, g = jax.lax.optimization_barrier((out, g))
     return out, vjp_fn(g)
   return f
 
@@ -222,6 +234,9 @@ class Runner:
             "routing_spec": dataclasses.asdict(spec), "options": dataclasses.asdict(opts),
             "route_impl": _resolved_route_impl(spec),
             "flops": "paper count: fwd 6, bwd 12, fwd+bwd 18 x pairs x d x n",
+            # What the timed fwd+bwd step returns (fwdbwd_step): runs before this key existed
+            # timed the gradients alone, without the forward's down projection and combine.
+            "fwdbwd_step": FWDBWD_STEP,
             "timing": ("GPU: CUPTI sum of kernel times per call (median); torch: CUDA events; "
                        "CPU: wall clock"),
             "complete": False,
