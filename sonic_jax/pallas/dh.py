@@ -35,9 +35,11 @@ kernel: a producer warpgroup issues the W2 tiles by TMA and the dO rows by cp.as
 consumer warpgroup runs the wgmma and the same epilogue; no (P, d) gathered copy exists in HBM.
 ``ring=True`` runs that kernel on XLA's gathered dO with both operands by TMA (slower on the
 H200 than the default kernel with one consumer, kept as an option); ``num_consumers=2`` splits
-each tile's rows between two consumer warpgroups (not yet timed on a GPU). With a short K loop
-(d <= 1536) the default runs two CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the
-other's K loop.
+each tile's rows between two consumer warpgroups (passes its GPU tests, not profiled), or with
+``consumer_split="n"`` puts them side by side on a 128 x 256 CTA tile, which with
+``h_source="gmem"`` (H read from HBM into registers in the epilogue, no SMEM for it) and two
+staging buffers is the default at d >= 4096. With a short K loop (d <= 1536) the default runs two
+CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the other's K loop.
 """
 
 from __future__ import annotations
