@@ -146,7 +146,13 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
              "ring-2wg-n-gmem-1buf": dataclasses.replace(
                  DH_RING_CFG, block_n=64, num_consumers=2, consumer_split="n", h_source="gmem",
                  epi_buffers=1),
-             "fused-2buf": dataclasses.replace(DH_FUSED_CFG, epi_buffers=2)}
+             "fused-2buf": dataclasses.replace(DH_FUSED_CFG, epi_buffers=2),
+             # H loads issued ahead (chunk 0 before the K loop, chunk c + 1 with chunk c).
+             "ring-gmem-prefetch": dataclasses.replace(DH_RING_CFG, h_source="gmem",
+                                                       h_prefetch=True),
+             "fused-2wg-gmem-prefetch": dataclasses.replace(
+                 DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", h_prefetch=True,
+                 epi_buffers=2)}
 
 # The wide ring kernel: two consumers side by side (CTA tile 128 x 256), H read from HBM into
 # registers, two staging buffers per consumer, 3 stages of block_k 64 (or 6 of 32).
@@ -312,8 +318,18 @@ def test_dh_ring_lowers_to_mosaic_gpu(consumers):
   assert "cp.async.shared.global" not in text
 
 
+# The row-split variant of the wide tile: each consumer 64 rows x 256 columns (m64n256 wgmmas),
+# as dx_pairs splits its tile; not yet timed.
+WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer_split="m",
+                 h_source="gmem", block_k=32, max_concurrent_steps=6, epi_buffers=2)
+
+
 @pytest.mark.parametrize("kw", [dict(ring=True), dict(ring=True, block_k=32, max_concurrent_steps=6),
-                                dict(gather="fused")], ids=["ring", "ring-k32", "fused"])
+                                dict(gather="fused"), dict(ring=True, h_prefetch=True),
+                                dict(ring=True, **WIDE_M_DH),
+                                dict(ring=True, **WIDE_M_DH, h_prefetch=True)],
+                         ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
+                              "rows-64x256-prefetch"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -330,6 +346,8 @@ def test_dh_wide_validation():
     DhConfig(h_source="gmem")
   with pytest.raises(ValueError, match="consumer_split must be"):
     DhConfig(ring=True, consumer_split="k")
+  with pytest.raises(ValueError, match="h_prefetch needs h_source = 'gmem'"):
+    DhConfig(ring=True, h_prefetch=True)
   with pytest.raises(ValueError, match="epi_buffers must be 1, 2 or 3"):
     DhConfig(ring=True, epi_buffers=0)
   # Two staging buffers instead of three leave room for the third stage.
@@ -745,7 +763,8 @@ def test_gpu_dh_matches_xla():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg", "ring-wide",
-                                  "ring-wide-k32", "fused-wide"])
+                                  "ring-wide-k32", "fused-wide", "ring-wide-prefetch",
+                                  "ring-rows-wide", "ring-rows-wide-prefetch"])
 def test_gpu_dh_fused_gather_matches_default(kind):
   """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
   stages), against the default XLA-gather kernel and the xla backend at a realistic size; the
@@ -760,8 +779,12 @@ def test_gpu_dh_fused_gather_matches_default(kind):
     cfg = dataclasses.replace(cfg, gather="xla", ring=True)
   if kind.endswith("-2wg"):
     cfg = dataclasses.replace(cfg, num_consumers=2)
-  if "-wide" in kind:
+  if "-rows-wide" in kind:
+    cfg = dataclasses.replace(cfg, **WIDE_M_DH)
+  elif "-wide" in kind:
     cfg = dataclasses.replace(cfg, **WIDE_DH)
+  if kind.endswith("-prefetch"):
+    cfg = dataclasses.replace(cfg, h_prefetch=True)
   if kind.endswith("-k32"):
     cfg = dataclasses.replace(cfg, block_k=32, max_concurrent_steps=6)
   fused = jax.jit(lambda *args: dh(*args, config=cfg))

@@ -98,6 +98,9 @@ class DhConfig:
   straight into the WGMMA register layout one epi_n chunk at a time (no SMEM, so a 128 x 256
   CTA tile fits with its ring; the load latency is not hidden). P not a multiple of block_m
   pads a copy of H (the last tile's rows must be readable).
+  h_prefetch: with h_source="gmem", issue the loads of the first epilogue chunk's H before the
+  K loop (their latency hides under it; the values hold 2·bm_wg·epi_n/128 bf16 registers per
+  thread across the loop) and those of chunk c + 1 when chunk c starts. Not yet timed on a GPU.
   epi_buffers: SMEM staging buffers (bm_wg x epi_n each) per consumer of the ring kernel for the
   three outputs of an epilogue chunk (dH gate, dH up, A'). 3: written together, then stored;
   1 or 2: each output stored as soon as written, reusing a buffer once its store has read it,
@@ -123,6 +126,7 @@ class DhConfig:
   consumer_split: Literal["m", "n"] = "m"
   h_source: Literal["smem", "gmem"] = "smem"
   epi_buffers: int = 3
+  h_prefetch: bool = False
 
   @property
   def block_n_cta(self) -> int:
@@ -171,6 +175,9 @@ class DhConfig:
       raise ValueError(f"DhConfig.h_source must be 'smem' or 'gmem', got {self.h_source!r}")
     if self.epi_buffers not in (1, 2, 3):
       raise ValueError(f"DhConfig.epi_buffers must be 1, 2 or 3, got {self.epi_buffers!r}")
+    if self.h_prefetch and self.h_source != "gmem":
+      raise ValueError("DhConfig.h_prefetch needs h_source = 'gmem' (the SMEM H tiles are "
+                       "prefetched by TMA already)")
     if self.h_source == "gmem" and not self.warp_specialized:
       raise ValueError("DhConfig.h_source = 'gmem' needs the ring kernel (gather='fused' or "
                        "ring=True)")
@@ -654,6 +661,13 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
           return acc
 
+        def h_chunk(c):
+          """H gate and up of epilogue chunk c (h.dtype, WGMMA layout), straight from HBM into
+          registers (Mosaic GPU's unoptimized GMEM load: no SMEM staging)."""
+          return tuple(plgpu.load(h_gmem.at[w_slice, pl.ds(off + col0 + c * epi_n, epi_n)],
+                                  layout=wgmma_layout, optimized=False) for off in (0, n))
+
+        ahead = h_chunk(0) if config.h_prefetch else None  # in flight during the K loop
         acc = pl.run_scoped(acc_scope, plgpu.ACC((bm_wg, bn)))
         for bar in bars if not h_from_gmem else bars[2:]:
           plgpu.barrier_wait(bar)
@@ -662,10 +676,12 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         for c in range(n_chunks):
           da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma_layout)
           if h_from_gmem:
-            # Straight into registers (Mosaic GPU's unoptimized GMEM load: no SMEM staging).
-            gate, up = (plgpu.load(h_gmem.at[w_slice, pl.ds(off + col0 + c * epi_n, epi_n)],
-                                   layout=wgmma_layout, optimized=False).astype(_F32)
-                        for off in (0, n))
+            if ahead is not None:
+              this = ahead
+              ahead = h_chunk(c + 1) if c + 1 < n_chunks else None
+            else:
+              this = h_chunk(c)
+            gate, up = (v.astype(_F32) for v in this)
           else:
             cols = pl.ds(c * epi_n, epi_n)
             gate = plgpu.load(gate_smem.at[wg, :, cols], layout=wgmma_layout).astype(_F32)
