@@ -324,7 +324,8 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                  h_source="gmem", block_k=32, max_concurrent_steps=6, epi_buffers=2)
 
 
-@pytest.mark.parametrize("kw", [dict(ring=True), dict(ring=True, block_k=32, max_concurrent_steps=6),
+@pytest.mark.parametrize("kw", [dict(ring=True),
+                                dict(ring=True, block_k=32, max_concurrent_steps=6),
                                 dict(gather="fused"), dict(ring=True, h_prefetch=True),
                                 dict(ring=True, **WIDE_M_DH),
                                 dict(ring=True, **WIDE_M_DH, h_prefetch=True)],

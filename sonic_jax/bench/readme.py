@@ -114,8 +114,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
   ]
   for _, doc in docs:
     # A merged document's per-run notes ("[run.json] ...") stay in its full report.
-    lines += [f"> Note ({doc['meta']['date'][:10]}): {note}" for note in doc["meta"].get("notes", [])
-              if not (doc["meta"].get("merged_from") and note.startswith("["))]
+    merged = bool(doc["meta"].get("merged_from"))
+    lines += [f"> Note ({doc['meta']['date'][:10]}): {note}"
+              for note in doc["meta"].get("notes", []) if not (merged and note.startswith("["))]
   if lines[-1].startswith(">"):
     lines.append("")
   for path, doc in docs:

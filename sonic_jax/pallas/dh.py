@@ -96,8 +96,8 @@ class DhConfig:
   h_source: where the ring kernel's epilogue reads H. "smem": TMA-prefetched gate/up tiles
   (2·block_m·block_n elements per consumer, loaded during the K loop). "gmem": loaded from HBM
   straight into the WGMMA register layout one epi_n chunk at a time (no SMEM, so a 128 x 256
-  CTA tile fits with its ring; the load latency is not hidden). P not a multiple of block_m
-  pads a copy of H (the last tile's rows must be readable).
+  CTA tile fits with its ring; the latency is exposed unless h_prefetch). P not a multiple of
+  block_m pads a copy of H (the last tile's rows must be readable).
   h_prefetch: with h_source="gmem", issue the loads of the first epilogue chunk's H before the
   K loop (their latency hides under it; the values hold 2·bm_wg·epi_n/128 bf16 registers per
   thread across the loop) and those of chunk c + 1 when chunk c starts. Not yet timed on a GPU.
