@@ -847,10 +847,12 @@ def test_gpu_wgrad_fused_gather_matches_default(wgs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(4096, 1024, 512, 12, 4), (4096, 1024, 256, 16, 8)])
+@pytest.mark.parametrize("shape", [(4096, 1024, 512, 12, 4), (4096, 1024, 256, 16, 8),
+                                   (2048, 4096, 1024, 8, 2)])
 def test_gpu_layer_gradients_match_float32_reference(shape):
   """The layer's gradients with every default Pallas tiling (n = 512: XLA gathers feeding the
-  two-consumer dW rings; n = 256: fused gathers) against the xla backend on float32 inputs."""
+  two-consumer dW rings; n = 256: fused gathers; d = 4096: dh on the wide 128 x 256 tile with
+  H read from HBM) against the xla backend on float32 inputs."""
   import sonic_jax
   t, d, n, e, k = shape
   keys = jax.random.split(jax.random.key(11), 5)
