@@ -34,12 +34,12 @@ _WHOLE_STEP_ALWAYS = ("sonicmoe-torch",)
 
 
 def row_step(row: dict, meta: dict) -> str:
-  """What ``row``'s timed fwd+bwd step returned: runner.FWDBWD_STEP or OLD_STEP."""
-  if row.get("fwdbwd_step"):
-    return row["fwdbwd_step"]
-  if meta.get("fwdbwd_step") or row.get("impl") in _WHOLE_STEP_ALWAYS:
-    return meta.get("fwdbwd_step") or FWDBWD_STEP
-  return OLD_STEP
+  """What ``row``'s timed fwd+bwd step did: the row's own mark (a merged row), else its run's
+  meta["fwdbwd_step"], else (older runs) OLD_STEP, or FWDBWD_STEP for the PyTorch baseline."""
+  step = row.get("fwdbwd_step") or meta.get("fwdbwd_step")
+  if step:
+    return step
+  return FWDBWD_STEP if row.get("impl") in _WHOLE_STEP_ALWAYS else OLD_STEP
 
 
 def merge(docs: list[tuple[str, dict]]) -> dict:

@@ -314,14 +314,15 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
   pipeline ring, whose space the three output tiles and the dS row reuse afterwards.
 
   gather="fused" or ring=True: the ring runs across tiles (the producer fills the next tile's
-  stages during this tile's epilogue), so nothing is reused: H tiles + ring + one epi_n chunk of
-  the three output tiles + the dS row."""
+  stages during this tile's epilogue), so nothing is reused: the ring + per consumer its H
+  tiles (none with h_source="gmem"), scores, epi_buffers staging buffers of one epi_n chunk and
+  the dS row."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   h_tiles = 2 * bm * bn * itemsize + bm * 4
   ring = config.max_concurrent_steps * (bm * bk + config.block_n_cta * bk) * itemsize
   if config.warp_specialized:
-    # Per consumer: its H tiles (bm_wg x block_n, unless read from HBM), scores, one staged
-    # epi_n chunk of the three outputs and the dS row.
+    # Per consumer: its H tiles (bm_wg x block_n, unless read from HBM), scores, the staging
+    # buffers (bm_wg x epi_n each) and the dS row.
     wgs = config.num_consumers
     bm_wg = bm if config.consumer_split == "n" else bm // wgs
     h_wg = 2 * bm_wg * bn * itemsize if config.h_source == "smem" else 0
@@ -729,8 +730,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                  transforms=() if interp or pregathered else cp_async.a_transforms(bk, itemsize)),
       plgpu.SMEM((slots, b_parts, bn, bk), dtype),
       *h_scratch,
-      # Per consumer warpgroup: scores, the staged chunk (dH gate, dH up, A' of one epi_n
-      # chunk, untiled: the ragged stores slice any row), the dS row.
+      # Per consumer warpgroup: scores, the epi_buffers staging buffers of one epi_n chunk of
+      # dH gate, dH up and A' (untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((wgs, bm_wg), _F32),
       plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype),
       plgpu.SMEM((wgs, bm_wg), _F32),
