@@ -65,12 +65,15 @@ train_mixes() {
 }
 
 # kernel_profile SECONDS CONFIGS VARIANTS MIN_MS: benchmarks/kernel_profile.py (per-kernel times
-# of the layer step), log in $OUT/profile.log.
+# of the layer step; the variants take turns, $PROF_ROUNDS rounds of $PROF_ITERS calls), log in
+# $OUT/profile.log.
 kernel_profile() {
   echo "== [$(since) s] kernel profile"
-  timeout "$1" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters 10 --configs "$2" \
-    --variants "$3" --min-ms "$4" > "$OUT/profile.log" 2>&1
-  grep -E "^==|^  (pallas|xla)|^  --|body_|Error" "$OUT/profile.log" | cut -c1-150
+  timeout "$1" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters "${PROF_ITERS:-5}" \
+    --rounds "${PROF_ROUNDS:-3}" --configs "$2" --variants "$3" --min-ms "$4" \
+    > "$OUT/profile.log" 2>&1
+  grep -E "^==|^  (pallas|xla)|^  --|body_|dispatch|gather_fusion|Error" "$OUT/profile.log" \
+    | cut -c1-150
 }
 
 # layer_bench TOTAL_S TAG CONFIG...: the layer benchmark of $BACKENDS (default pallas) and

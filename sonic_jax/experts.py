@@ -65,10 +65,12 @@ def _expert_block(backend: ExpertKernels):
     if backend.dw1_last:
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
       # Peak memory: x is gathered for dW1 only once dO's gathered copy (dh, dW2) and
-      # dX_pairs are dead (see ExpertKernels.dw1_last). Only the small gather index goes
-      # through the barrier: a large operand that stays live past it may be copied.
-      gather_idx, _, _ = jax.lax.optimization_barrier((plan.gather_idx, dx, dw2))
-      dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx))
+      # dX_pairs are dead (see ExpertKernels.dw1_last). Only the small row indices go
+      # through the barrier (a large operand that stays live past it may be copied); both,
+      # for a gather by gather_idx or a scatter by reverse_idx.
+      gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
+          (plan.gather_idx, plan.reverse_idx, dx, dw2))
+      dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
     else:
       dw1 = kernels.dw1(x, dh, plan)
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)

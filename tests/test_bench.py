@@ -430,6 +430,11 @@ def test_bench_variants_parse_gathers_and_options():
   assert (k.backward_gathers, k.dw1_last, k.config.dh) == ("auto", True, None)
   k = kernels_for("pallas:fused-x:dw1-early")
   assert (k.backward_gathers, k.dw1_last) == ("fused-x", False)
+  k = kernels_for("pallas::row_gather=jax_triton:dh.block_k=32", 4096, 1024)
+  assert (k.row_gather, k.config.dh.block_k) == ("jax_triton", 32)
+  assert kernels_for("pallas::row_gather=pallas_triton").row_gather == "pallas_triton"
+  with pytest.raises(SystemExit, match="row_gather must be one of"):
+    kernels_for("pallas::row_gather=cub")
   k = kernels_for("pallas::dh-ring", 4096, 1024)
   assert k.config.dh == dataclasses.replace(dh_config_for(4096, 1024), ring=True,
                                             max_concurrent_steps=3)
@@ -494,3 +499,19 @@ def test_rel_errs_flags_non_finite_on_either_side():
   assert abs(err - 1.0 / np.sqrt(15.0)) < 1e-6
   assert np.isnan(float(rel_errs(a.at[1, 1].set(jnp.nan), b)))
   assert np.isnan(float(rel_errs(a, b.at[1, 1].set(jnp.inf))))
+
+
+def test_kernel_profile_medians_skip_shifted_iterations():
+  """benchmarks/kernel_profile.py: an iteration with an extra kernel (which would shift every
+  later index) is left out of the per-kernel medians but counts in the median total."""
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "kernel_profile.py")
+  spec = importlib.util.spec_from_file_location("kernel_profile", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  usual = [("up", 7.0), ("gather", 1.5), ("dh", 5.0)]
+  shifted = [("memset", 0.1), ("up", 7.2), ("gather", 1.4), ("dh", 5.1)]
+  names, med, total, kept = mod._kernel_medians([usual, shifted, usual, usual])
+  assert names == ["up", "gather", "dh"] and kept == 3
+  assert med == [7.0, 1.5, 5.0]
+  assert total == pytest.approx(13.5)

@@ -256,13 +256,20 @@ def test_dh_config_for_fused_gather():
 def test_dh_config_for_xla_gather_two_ctas_per_sm_at_small_d():
   """d <= 1536: 64-column tiles, 3 stages, two resident CTAs per SM (their SMEM fits twice);
   larger d keeps one CTA with 128-column tiles; a ctas_per_sm whose SMEM cannot fit fails."""
-  for d in (768, 1024, 1536):
-    cfg = dh_config_for(d, 512)
+  for d, n in ((768, 512), (1024, 512), (1536, 384)):
+    cfg = dh_config_for(d, n)
     assert (cfg.block_n, cfg.epi_n, cfg.max_concurrent_steps, cfg.ctas_per_sm) == (64, 64, 3, 2)
-    validate_dh_shapes(d, 512, cfg)
-  for d in (2048, 4096, 7168):
+    validate_dh_shapes(d, n, cfg)
+  for d in (1536, 2048, 4096, 7168):  # the row-split 128 x 256 ring kernel where n % 256 == 0
     cfg = dh_config_for(d, 1024)
-    assert (cfg.block_n, cfg.ctas_per_sm) == (128, 1)
+    assert (cfg.block_n, cfg.ctas_per_sm, cfg.num_consumers, cfg.consumer_split) == (
+        256, 1, 2, "m")
+    assert (cfg.ring, cfg.h_source, cfg.block_k) == (True, "gmem", 32)
+    assert smem_bytes(cfg) <= 220 * 1024
+    validate_dh_shapes(d, 1024, cfg)
+  for d, n in ((2048, 640), (4096, 384)):  # n % 256 != 0: the one-warpgroup 128-column kernel
+    cfg = dh_config_for(d, n)
+    assert (cfg.block_n, cfg.ctas_per_sm, cfg.ring) == (128, 1, False)
   with pytest.raises(ValueError, match="DhConfig.ctas_per_sm = 2 needs"):
     validate_dh_shapes(1024, 512, DhConfig(ctas_per_sm=2))  # 128-column tiles: 192 KiB each
   with pytest.raises(ValueError, match="DhConfig.ctas_per_sm must be a positive int"):
@@ -319,7 +326,7 @@ def test_dh_ring_lowers_to_mosaic_gpu(consumers):
 
 
 # The row-split variant of the wide tile: each consumer 64 rows x 256 columns (m64n256 wgmmas),
-# as dx_pairs splits its tile; not yet timed.
+# as dx_pairs splits its tile; dh_config_for's default at d >= 2048 since session 11.
 WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer_split="m",
                  h_source="gmem", block_k=32, max_concurrent_steps=6, epi_buffers=2)
 
@@ -684,7 +691,7 @@ def _pallas_backend_complete():
     return None, f"the Pallas backend does not import: {e}"
 
 
-@pytest.mark.parametrize("gathers", ["xla", "fused", "fused-x"])
+@pytest.mark.parametrize("gathers", ["xla", "fused", "fused-x", "dispatch"])
 def test_moe_gradients_pallas_interpret_vs_xla(gathers):
   """The layer's gradients through the Pallas kernels; "fused": dh, dw1 and dw2 gather their dO
   / x rows in the kernel (configs passed through ForwardConfig)."""
@@ -704,6 +711,9 @@ def test_moe_gradients_pallas_interpret_vs_xla(gathers):
     kernels = PallasKernels(interpret=True, backward_gathers="fused-x",
                             config=ForwardConfig(dw1=WG_FUSED_CFG))
     assert kernels._dh_config(128, 64).gather == "xla"
+  elif gathers == "dispatch":  # dO and x rows by the Pallas-Triton dispatch kernel
+    from sonic_jax.pallas.backend import PallasKernels
+    kernels = PallasKernels(interpret=True, backward_gathers="xla", row_gather="pallas_triton")
   keys = jax.random.split(jax.random.key(3), 5)
   bf = jnp.bfloat16
   x = jax.random.normal(keys[0], (t, d), bf)
@@ -722,6 +732,28 @@ def test_moe_gradients_pallas_interpret_vs_xla(gathers):
   want = loss("xla")(x, router_w, w1, w2)
   for name, g, w in zip(("dx", "drouter_w", "dw1", "dw2"), got, want):
     assert _rel(g, w) < 2e-2, name
+  if gathers == "dispatch":  # the same rows as XLA's gather: the same gradients, bit for bit
+    from sonic_jax.pallas.backend import PallasKernels
+    base = loss(PallasKernels(interpret=True, backward_gathers="xla"))(x, router_w, w1, w2)
+    for name, g, b in zip(("dx", "drouter_w", "dw1", "dw2"), got, base):
+      np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(b, np.float32), name)
+
+
+def test_row_gather_validation():
+  from sonic_jax.pallas.backend import PallasKernels
+  with pytest.raises(ValueError, match="row_gather must be one of"):
+    PallasKernels(row_gather="cub")
+  with pytest.raises(ValueError, match="row_gather='jax_triton' has no CPU interpreter"):
+    PallasKernels(interpret=True, row_gather="jax_triton")
+  assert PallasKernels(row_gather="jax_triton") != PallasKernels()
+  assert PallasKernels(row_gather="jax_triton") == PallasKernels(row_gather="jax_triton")
+  assert PallasKernels().row_gather == "auto"
+  # "auto" in interpret mode: XLA's gather (the jitted backward has no Triton call).
+  a = _gpu_inputs(t=64, d=128, n=64, e=4, k=2)
+  kern = PallasKernels(interpret=True)
+  assert kern._gathered(a["dout"], a["plan"], fused=False) is None
+  assert PallasKernels(interpret=True, row_gather="pallas_triton")._gathered(
+      a["dout"], a["plan"], fused=True) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -877,6 +909,13 @@ def test_gpu_layer_gradients_match_float32_reference(shape):
   for name, g, w in zip(("dx", "drouter_w", "dw1", "dw2"), got, want):
     assert np.all(np.isfinite(np.asarray(g, np.float32))), name
     assert _rel(g, w) < 2e-2, name
+  # The default's pre-gathered rows come from the Triton dispatch kernel (row_gather="auto");
+  # XLA's gather gives the same rows, so the same gradients bit for bit.
+  from sonic_jax.pallas.backend import PallasKernels
+  again = grads(PallasKernels(row_gather="xla"), jnp.bfloat16)
+  for name, g, a in zip(("dx", "drouter_w", "dw1", "dw2"), got, again):
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(a, np.float32),
+                                  f"{name}: row_gather auto vs xla")
 
 
 def test_backward_gathers_modes_pick_the_fused_configs():

@@ -1,10 +1,12 @@
-"""sonic_jax.triton: top-K, routing metadata and combine kernels against the xla routing/backend.
+"""sonic_jax.triton: top-K, routing metadata, combine and dispatch kernels against the xla path.
 
 CPU: the Pallas-Triton kernels in interpret mode (tiny shapes) and every wrapper's validation.
 GPU (marked): both implementations (jax-triton needs the `triton` extra) at realistic sizes.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -201,6 +203,55 @@ def test_combine_token_rounding_plan_uses_segment_sum():
   assert rel_err(out, XlaKernels().combine(y, plan, plan.scores, jnp.float32)) < 1e-6
 
 
+@pytest.mark.parametrize("method", ["scatter", "gather"])
+@pytest.mark.parametrize("t,e,k,d,skew", [(19, 6, 3, 64, "none"), (8, 5, 1, 48, "none"),
+                                          (21, 7, 2, 32, "one"), (16, 9, 4, 16, "empty")])
+def test_dispatch_interpret(method, t, e, k, d, skew):
+  """The grouped rows x[gather_idx] bit for bit: T not a multiple of block_t, K = 1, every
+  token's first choice one expert, empty experts."""
+  plan = routing.route_logits(_logits(t, e, seed=13, skew=skew), top_k=k)
+  x = jax.random.normal(jax.random.key(14), (t, d)).astype(jnp.bfloat16)
+  out = tri.dispatch(x, plan, impl="pallas_triton", interpret=True,
+                     config=tri.DispatchConfig(method=method, block_t=4, block_d=16))
+  assert out.shape == (t * k, d) and out.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                np.asarray(x[plan.gather_idx], np.float32))
+
+
+def test_dispatch_token_rounding_plan_gathers():
+  """A plan without a fixed K (token rounding, padding rows) takes the gather path even when
+  the scatter is asked for; padding rows get x[0], as XLA's gather gives them."""
+  plan = routing.route_logits(_logits(30, 6, seed=15), top_k=2,
+                              routing=TokenRounding(tile=4, mode="up"))
+  assert plan.top_k is None and plan.capacity > 60
+  x = jax.random.normal(jax.random.key(16), (30, 32), jnp.float32)
+  out = tri.dispatch(x, plan, impl="pallas_triton", interpret=True,
+                     config=tri.DispatchConfig(block_t=8, block_d=32))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(x[plan.gather_idx]))
+
+
+def test_dispatch_validation():
+  plan = routing.route_logits(_logits(8, 4, seed=17), top_k=2)
+  x = jnp.zeros((8, 24), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"x must have shape \(T, d\) with T = plan.num_tokens"):
+    tri.dispatch(x[:7], plan, impl="pallas_triton", interpret=True)
+  with pytest.raises(ValueError, match="x must be floating point"):
+    tri.dispatch(x.astype(jnp.int32), plan, impl="pallas_triton", interpret=True)
+  with pytest.raises(ValueError, match="must be a multiple of DispatchConfig.block_d"):
+    tri.dispatch(x, plan, impl="pallas_triton", interpret=True,
+                 config=tri.DispatchConfig(block_d=16))
+  with pytest.raises(ValueError, match="must be a multiple of 8"):
+    tri.dispatch(jnp.zeros((8, 12), jnp.bfloat16), plan, impl="pallas_triton", interpret=True)
+  with pytest.raises(ValueError, match="DispatchConfig.method must be"):
+    tri.DispatchConfig(method="all-to-all")
+  with pytest.raises(ValueError, match="DispatchConfig.block_t must be a power of two"):
+    tri.DispatchConfig(block_t=3)
+  with pytest.raises(ValueError, match="impl must be one of"):
+    tri.dispatch(x, plan, impl="cuda")
+  with pytest.raises(ValueError, match="interpret=True needs impl='pallas_triton'"):
+    tri.dispatch(x, plan, impl="jax_triton", interpret=True)
+
+
 # ------------------------------------------------------------------- CPU: hook, validation
 def test_route_logits_hook():
   logits = _logits(12, 6, seed=12)
@@ -357,6 +408,29 @@ def test_gpu_combine(impl, weighted, t, e, k, d):
   assert rel_err(out, ref) < 1e-2
   out32 = jax.jit(lambda y_: tri.combine(y_, plan, scores, jnp.float32, impl=impl))(y)
   assert rel_err(out32, XlaKernels().combine(y, plan, scores, jnp.float32)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["jax_triton", "pallas_triton"])
+@pytest.mark.parametrize("method", ["scatter", "gather"])
+@pytest.mark.parametrize("t,e,k,d", [(32768, 128, 8, 4096), (1000, 12, 3, 136)])
+def test_gpu_dispatch(impl, method, t, e, k, d):
+  if impl not in gpu_triton_impls():
+    pytest.skip(tri.jax_triton_unavailable_reason())
+  plan, x, want = _dispatch_case(t, e, k, d)
+  cfg = tri.DispatchConfig(method=method, block_t=2 if method == "scatter" else 4)
+  out = np.asarray(jax.jit(lambda x_: tri.dispatch(x_, plan, impl=impl, config=cfg))(x),
+                   np.float32)
+  assert not np.any(np.isnan(out))
+  np.testing.assert_array_equal(out, want)
+
+
+@functools.cache
+def _dispatch_case(t, e, k, d):
+  """(plan, x, x[gather_idx] as float32 numpy), built once per shape for all four variants."""
+  plan = jax.jit(lambda lg: routing.route_logits(lg, top_k=k))(_logits(t, e, seed=25))
+  x = jax.random.normal(jax.random.key(26), (t, d)).astype(jnp.bfloat16)
+  return plan, x, np.asarray(x[plan.gather_idx], np.float32)
 
 
 def test_moe_routing_impl_auto_matches_xla():

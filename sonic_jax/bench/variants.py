@@ -2,10 +2,13 @@
 
 ``xla``, or ``pallas[:<backward_gathers>][:<option>...]``. Options: ``dw1-early`` (dW1 where XLA
 schedules it, ``PallasKernels(dw1_last=False)``), ``dh-ring`` (dh on the warp-specialized ring
-kernel fed by TMA, ``DhConfig(ring=True)``, 3 stages) and ``<kernel>.<field>=<value>`` (one field
+kernel fed by TMA, ``DhConfig(ring=True)``, 3 stages), ``row_gather=<impl>`` (the backward's
+pre-gathered dO / x rows: ``PallasKernels(row_gather=...)``, xla, jax_triton or
+pallas_triton; default auto) and ``<kernel>.<field>=<value>`` (one field
 of that kernel's default config for the problem's shape replaced; kernels up_proj, down_proj,
 dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:fused-x``,
-``pallas::dh-ring``, ``pallas::dh.block_n=64:dh.ctas_per_sm=2``, ``pallas::up_proj.block_k=32``.
+``pallas::dh-ring``, ``pallas::dh.block_n=64:dh.ctas_per_sm=2``, ``pallas::up_proj.block_k=32``,
+``pallas::row_gather=jax_triton``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-OPTIONS = ("dw1-early", "dh-ring", "<kernel>.<field>=<value>")
+OPTIONS = ("dw1-early", "dh-ring", "row_gather=<impl>", "<kernel>.<field>=<value>")
 KERNELS = ("up_proj", "down_proj", "dx_pairs", "dh", "dw1", "dw2")
 _FIELD_RE = re.compile(r"^(\w+)\.(\w+)=([\w-]+)$")
 
@@ -46,13 +49,22 @@ def kernels_for(spec: str, d: int | None = None, n: int | None = None):
     return "xla"
   name, *rest = spec.split(":")
   gathers, opts = (rest[0] if rest else "") or "auto", rest[1:]
+  row_gather = "auto"
+  for o in opts:
+    if o.startswith("row_gather="):
+      row_gather = o.split("=", 1)[1]
+  opts = [o for o in opts if not o.startswith("row_gather=")]
   fields = [_field(o) for o in opts if o not in OPTIONS[:2]]
   if name != "pallas" or None in fields:
     raise SystemExit(f"unknown variant {spec!r}: xla or pallas[:<gathers>][:<option>...] with "
                      f"options {', '.join(OPTIONS)}; kernels {', '.join(KERNELS)}")
   from sonic_jax.pallas import configs as cfg_lib
   from sonic_jax.pallas.backend import PallasKernels
-  kern = PallasKernels(backward_gathers=gathers, dw1_last="dw1-early" not in opts)
+  try:
+    kern = PallasKernels(backward_gathers=gathers, dw1_last="dw1-early" not in opts,
+                         row_gather=row_gather)
+  except ValueError as e:
+    raise SystemExit(f"variant {spec!r}: {e}") from None
   if not fields and "dh-ring" not in opts:
     return kern
   if d is None or n is None:
@@ -74,4 +86,5 @@ def kernels_for(spec: str, d: int | None = None, n: int | None = None):
                                       for k, v in changed.items()})
   except (ValueError, TypeError) as e:
     raise SystemExit(f"variant {spec!r}: {e}") from None
-  return PallasKernels(backward_gathers=gathers, dw1_last=kern.dw1_last, config=config)
+  return PallasKernels(backward_gathers=gathers, dw1_last=kern.dw1_last, config=config,
+                       row_gather=row_gather)

@@ -9,6 +9,7 @@ from sonic_jax.kernels import ExpertKernels
 from sonic_jax.pallas import configs as cfg_lib
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+ROW_GATHERS = ("auto", "xla", "jax_triton", "pallas_triton")
 
 
 def unavailable_reason(interpret: bool = False) -> str | None:
@@ -50,27 +51,55 @@ class PallasKernels(ExpertKernels):
   SonicMoE holds 6.76 GiB there; pallas-train-mixes-h200-2026-12-03-s7.log).
   dw1_last: run dW1 after dW2 and dx (``ExpertKernels.dw1_last``), so that XLA's gathered x is
   never live together with the gathered dO or dX_pairs; default True.
+  row_gather: what makes the gathered (P, d) rows of dO and x where the backward kernels take
+  them pre-gathered (gather "xla" in their configs): "xla" (``a[plan.gather_idx]``, XLA's
+  gather), a ``sonic_jax.triton.dispatch`` implementation, "jax_triton" or "pallas_triton"
+  (top-K plans: each token row read once and written to its K grouped rows), or "auto"
+  (default): "pallas_triton" on a GPU (no extra package; jax_triton measured the same), "xla"
+  in interpret mode or without a GPU (e.g. lowering for CUDA on a CPU host). H200, session 11 (dispatch-h200-2026-12-04-s11.md): 0.651 against 1.450
+  ms for XLA's gather at T=32768, d=4096, K=8 (0.16 / 0.35 ms at T=16384, d=2048, K=8); the
+  layer step 36.72 against 38.45 ms there, with gradients bit for bit the same.
   """
 
   name = "pallas"
 
   def __init__(self, interpret: bool = False, config: cfg_lib.ForwardConfig | None = None,
-               backward_gathers: str = "auto", dw1_last: bool = True):
+               backward_gathers: str = "auto", dw1_last: bool = True,
+               row_gather: str = "auto"):
     if backward_gathers not in ("auto", "xla", "fused", "fused-x"):
       raise ValueError(f"backward_gathers must be 'auto', 'xla', 'fused' or 'fused-x', got "
                        f"{backward_gathers!r}")
+    if row_gather not in ROW_GATHERS:
+      raise ValueError(f"row_gather must be one of {ROW_GATHERS}, got {row_gather!r}")
+    if interpret and row_gather == "jax_triton":
+      raise ValueError("row_gather='jax_triton' has no CPU interpreter: with interpret=True use "
+                       "'xla' or 'pallas_triton'")
     self.interpret = interpret
     self.config = config or cfg_lib.ForwardConfig()
     self.backward_gathers = backward_gathers
     self.dw1_last = bool(dw1_last)
+    self.row_gather = row_gather
+
+  def _key(self):
+    return (self.interpret, self.config, self.backward_gathers, self.dw1_last, self.row_gather)
 
   def __hash__(self):
-    return hash((type(self), self.interpret, self.config, self.backward_gathers, self.dw1_last))
+    return hash((type(self),) + self._key())
 
   def __eq__(self, other):
-    return (type(other) is type(self) and other.interpret == self.interpret
-            and other.config == self.config and other.backward_gathers == self.backward_gathers
-            and other.dw1_last == self.dw1_last)
+    return type(other) is type(self) and other._key() == self._key()
+
+  def _gathered(self, a: jax.Array, plan, fused: bool) -> jax.Array | None:
+    """a[plan.gather_idx] (P, d) by ``row_gather`` for a kernel that takes its rows
+    pre-gathered; None (the kernel gathers with XLA itself, or in the kernel) otherwise."""
+    from sonic_jax import triton as tri
+    impl = self.row_gather
+    if impl == "auto":
+      impl = ("pallas_triton" if not self.interpret and tri.pallas_triton_unavailable_reason()
+              is None else "xla")
+    if fused or impl == "xla":
+      return None
+    return tri.dispatch(a, plan, impl=impl, interpret=bool(self.interpret))
 
   def _bwd_gather(self, d: int, n: int, kernel: str | None = None) -> str:
     """The backward's gather mode for shape (d, n) (see ``backward_gathers``): the layer's mode
@@ -202,17 +231,22 @@ class PallasKernels(ExpertKernels):
                         transpose_rhs=True, config=config, interpret=self.interpret)
 
   # --------------------------------------------------------------------------- backward
+  # With row_gather != "xla", dh and dw2 each ask for dO's gathered rows; XLA's CSE merges the
+  # two identical kernel calls into one, as it does the two XLA gathers.
   def dh(self, dout, w2, h, scores_grouped, plan):
     from sonic_jax.pallas.dh import dh
-    return dh(dout, w2, h, scores_grouped, plan, interpret=self.interpret,
-              config=self._dh_config(dout.shape[1], w2.shape[1]))
+    config = self._dh_config(dout.shape[1], w2.shape[1])
+    return dh(dout, w2, h, scores_grouped, plan, interpret=self.interpret, config=config,
+              dout_gathered=self._gathered(dout, plan, config.gather == "fused"))
 
   def dw2(self, dout, a_prime, plan):
     from sonic_jax.pallas.wgrad import dw2
-    return dw2(dout, a_prime, plan, interpret=self.interpret,
-               config=self._dw2_config(a_prime.shape[1], dout.shape[1]))
+    config = self._dw2_config(a_prime.shape[1], dout.shape[1])
+    return dw2(dout, a_prime, plan, interpret=self.interpret, config=config,
+               dout_gathered=self._gathered(dout, plan, config.gather == "fused"))
 
   def dw1(self, x, dh, plan):
     from sonic_jax.pallas.wgrad import dw1
-    return dw1(x, dh, plan, interpret=self.interpret,
-               config=self._dw1_config(x.shape[1], dh.shape[1]))
+    config = self._dw1_config(x.shape[1], dh.shape[1])
+    return dw1(x, dh, plan, interpret=self.interpret, config=config,
+               x_gathered=self._gathered(x, plan, config.gather == "fused"))

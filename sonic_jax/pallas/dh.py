@@ -33,13 +33,13 @@ picks at n = 256 and at n = 512 with d >= 4096), the rows dout[gather_idx[p]] re
 kernel: a producer warpgroup issues the W2 tiles by TMA and the dO rows by cp.async
 (``cp_async.py``, as up_proj's fused gather) into a ring that runs across tiles, and one
 consumer warpgroup runs the wgmma and the same epilogue; no (P, d) gathered copy exists in HBM.
-``ring=True`` runs that kernel on XLA's gathered dO with both operands by TMA (slower on the
-H200 than the default kernel with one consumer, kept as an option); ``num_consumers=2`` splits
-each tile's rows between two consumer warpgroups (passes its GPU tests, not profiled), or with
-``consumer_split="n"`` puts them side by side on a 128 x 256 CTA tile, which with
+``ring=True`` runs that kernel on XLA's gathered dO with both operands by TMA (the next tile's
+loads overlap this tile's epilogue); ``num_consumers=2`` splits each tile's rows between two
+consumer warpgroups, which on a 128 x 256 CTA tile (64 x 256 per consumer) with
 ``h_source="gmem"`` (H read from HBM into registers in the epilogue, no SMEM for it) and two
-staging buffers is the default at d >= 4096. With a short K loop (d <= 1536) the default runs two
-CTAs per SM (``ctas_per_sm``) so one CTA's epilogue overlaps the other's K loop.
+staging buffers is the default at d >= 1536; ``consumer_split="n"`` puts them side by side
+instead (128 x 128 each). With a short K loop (d <= 1536) the default runs two CTAs per SM
+(``ctas_per_sm``) so one CTA's epilogue overlaps the other's K loop.
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ class DhConfig:
   block_m pads a copy of H (the last tile's rows must be readable).
   h_prefetch: with h_source="gmem", issue the loads of the first epilogue chunk's H before the
   K loop (their latency hides under it; the values hold 2·bm_wg·epi_n/128 bf16 registers per
-  thread across the loop) and those of chunk c + 1 when chunk c starts. Not yet timed on a GPU.
+  thread across the loop) and those of chunk c + 1 when chunk c starts. Slower on the H200
+  (session 11, 120B-n1024: 7.14 ms on the side-by-side tile, 4.90 on the row-split one, against
+  4.95 / 4.73 without), presumably from the registers it holds across the K loop.
   epi_buffers: SMEM staging buffers (bm_wg x epi_n each) per consumer of the ring kernel for the
   three outputs of an epilogue chunk (dH gate, dH up, A'). 3: written together, then stored;
   1 or 2: each output stored as soon as written, reusing a buffer once its store has read it,
@@ -190,18 +192,22 @@ class DhConfig:
 def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") -> DhConfig:
   """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64.
 
-  gather="xla" with d <= 1536: 64-column n tiles, 3 stages, two CTAs per SM. With a short K
-  loop (d / 64 steps) the serial epilogue (H in, dH and A' out) dominates a tile, and a second
+  gather="xla" with d <= 1536 (where the rule below does not apply): 64-column n tiles, 3
+  stages, two CTAs per SM. With a short K loop (d / 64 steps) the serial epilogue (H in, dH and A' out) dominates a tile, and a second
   resident CTA overlaps it (H200, layer step, dh kernel alone: d=768, n=512 0.750 -> 0.632 ms;
   d=1536, n=512 0.592 -> 0.541 ms; at d=4096 it lost: n=1024 2.53 -> 2.94 ms, 5.44 -> 5.91 ms;
   benchmarks/results/kernel-profile-h200-2026-12-04-s9-2cta.md).
 
-  gather="xla" with d >= 4096 and n % 256 == 0: the wide ring kernel (two consumers side by
-  side on a 128 x 256 CTA tile, H read from HBM into registers, two staging buffers, 6 stages
-  of block_k 32). H200, dh kernel alone, against the one-warpgroup 128 x 128 kernel: 5.21 /
-  5.50 ms at T=32768, d=4096, n=1024, E=128, K=8 and 2.55 / 2.73 ms at E=64, K=4; with 3
-  stages of block_k 64 it lost (5.76, 2.89 ms), and it lost at d = 768, 1536
-  (benchmarks/results/kernel-profile-h200-2026-12-04-s10.md).
+  gather="xla" with d >= 1536 and n % 256 == 0: the ring kernel on a 128 x 256 CTA tile whose
+  two consumers split the rows (64 x 256 each, m64n256 wgmmas), H read from HBM into registers,
+  two staging buffers, 6 stages of block_k 32. H200, dh kernel alone, session 11
+  (kernel-profile-h200-2026-12-04-s11.md), against session 10's default at d >= 4096 (the same
+  tile with the consumers side by side, 128 x 128 each) and the one-warpgroup 128 x 128 kernel
+  at d = 2048: 4.73 / 4.95 ms at T=32768, d=4096, n=1024, E=128, K=8; 2.30 / 2.50 ms at E=64,
+  K=4; 1.48 / 1.72 ms at T=16384, d=2048, n=1024, E=64, K=8; 1.14 / 1.37 ms at n=768, E=128;
+  against the two-CTA kernel below: 0.503 / 0.541 ms at T=24576, d=1536, n=512, E=64, K=4, and
+  a tie at d=768 (0.630 / 0.634 ms, T=40960, n=512), which keeps the two-CTA kernel.
+  Issuing the H loads ahead of the epilogue (h_prefetch) lost on both tiles.
 
   gather="fused": the 128-column tiles with the deepest ring (<= 4) that fits the SMEM next to
   the H tiles and one staged output chunk (3 stages at 128x128x64; H200, T=32768, d=4096,
@@ -209,11 +215,11 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
   block_n = 128 if n % 128 == 0 else 64
   config = DhConfig(block_n=block_n, epi_n=min(64, block_n))
   if gather == "xla":
+    if d >= 1536 and n % 256 == 0:
+      return DhConfig(block_n=256, block_k=32, epi_n=64, max_concurrent_steps=6, ring=True,
+                      num_consumers=2, consumer_split="m", h_source="gmem", epi_buffers=2)
     if d <= 1536:
       return DhConfig(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2)
-    if d >= 4096 and n % 256 == 0:
-      return DhConfig(block_n=128, block_k=32, epi_n=64, max_concurrent_steps=6, ring=True,
-                      num_consumers=2, consumer_split="n", h_source="gmem", epi_buffers=2)
     return config
   for steps in (4, 3, 2):
     fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)

@@ -9,9 +9,9 @@ Two implementations of each kernel, selected with ``impl=``:
   Triton backend (``pallas_kernels.py``); no extra package; ``interpret=True`` runs them on a CPU.
 
 Entry points: ``topk_softmax`` (fused softmax + top-K), ``routing_metadata`` /
-``plan_from_assignments`` / ``route_logits`` (RoutingPlan without a full argsort) and
-``combine`` (per-token gather-and-sum). ``xla`` means the reference path in sonic_jax.routing
-and the xla backend.
+``plan_from_assignments`` / ``route_logits`` (RoutingPlan without a full argsort),
+``combine`` (per-token gather-and-sum) and ``dispatch`` (token rows to grouped rows). ``xla``
+means the reference path in sonic_jax.routing and the xla backend.
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def resolve_route_impl(impl) -> str:
 
 
 from sonic_jax.triton.combine import CombineConfig, combine  # noqa: E402
+from sonic_jax.triton.dispatch import DispatchConfig, dispatch  # noqa: E402
 from sonic_jax.triton.metadata import (MetadataConfig, plan_from_assignments,  # noqa: E402
                                        route_logits, routing_metadata)
 from sonic_jax.triton.select import SelectConfig, select_top_per_column  # noqa: E402
@@ -124,6 +125,7 @@ from sonic_jax.triton.topk import TopKConfig, topk_softmax  # noqa: E402
 
 __all__ = ["IMPLS", "ROUTE_IMPLS", "sequential", "jax_triton_call", "AUTO_ROUTE_ORDER", "resolve_route_impl",
            "validate_route_impl", "TopKConfig",
-           "MetadataConfig", "CombineConfig", "topk_softmax", "routing_metadata",
-           "plan_from_assignments", "route_logits", "combine", "jax_triton_unavailable_reason",
+           "MetadataConfig", "CombineConfig", "DispatchConfig", "topk_softmax", "routing_metadata",
+           "plan_from_assignments", "route_logits", "combine", "dispatch",
+           "jax_triton_unavailable_reason",
            "pallas_triton_unavailable_reason", "SelectConfig", "select_top_per_column"]

@@ -1,7 +1,7 @@
 """Triton kernels called through jax-triton (imported only when ``triton`` and ``jax_triton`` are).
 
-Four families, each a plain ``@triton.jit`` function; the JAX wrappers (shapes, validation,
-launch grids) are in topk.py, metadata.py, combine.py and select.py. Parameter order is
+Five families, each a plain ``@triton.jit`` function; the JAX wrappers (shapes, validation,
+launch grids) are in topk.py, metadata.py, combine.py, dispatch.py and select.py. Parameter order is
 jax-triton's: the inputs as passed to ``triton_call`` (arrays and scalars in that order), then
 the outputs, then the constexprs. All index math that can exceed 2**31 (row * d) is done in
 int64.
@@ -120,6 +120,34 @@ def combine_kernel(y_ptr, reverse_ptr, scores_ptr, num_tokens, out_ptr,
     acc += y
   out = out_ptr + t[:, None].to(tl.int64) * D + c[None, :]
   tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None])
+
+
+@triton.jit
+def dispatch_scatter_kernel(x_ptr, reverse_ptr, num_tokens, out_ptr,
+                            D: tl.constexpr, K: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+  """out[reverse[t·K + k], cols] = x[t, cols] for k < K (top-K plans): x is read once, in order,
+  and each of its rows is written to the token's K grouped rows (whole 16-byte vectors; D %
+  BLOCK_D == 0 is checked by the wrapper)."""
+  t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+  c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+  t_ok = t < num_tokens
+  x = tl.load(x_ptr + t[:, None].to(tl.int64) * D + c[None, :], mask=t_ok[:, None], other=0.0)
+  for k in tl.static_range(K):
+    row = tl.load(reverse_ptr + t * K + k, mask=t_ok, other=0)
+    tl.store(out_ptr + row[:, None].to(tl.int64) * D + c[None, :], x, mask=t_ok[:, None])
+
+
+@triton.jit
+def dispatch_gather_kernel(x_ptr, gather_ptr, num_rows, out_ptr,
+                           D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+  """out[p, cols] = x[gather[p], cols]: grouped rows written in order, x rows read by index."""
+  r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+  c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+  r_ok = r < num_rows
+  src = tl.load(gather_ptr + r, mask=r_ok, other=0)
+  x = tl.load(x_ptr + src[:, None].to(tl.int64) * D + c[None, :], mask=r_ok[:, None], other=0.0)
+  tl.store(out_ptr + r[:, None].to(tl.int64) * D + c[None, :], x, mask=r_ok[:, None])
 
 
 @triton.jit

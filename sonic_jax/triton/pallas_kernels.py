@@ -160,6 +160,47 @@ def combine_call(num_tokens: int, num_rows: int, d: int, k: int, weighted: bool,
 
 
 @functools.cache
+def dispatch_scatter_call(num_tokens: int, d: int, k: int, dtype, block_t: int, block_d: int,
+                          num_warps: int, interpret: bool):
+  """reverse (T, K), x (T, d) -> out (T·K, d): out[reverse[t, k]] = x[t]."""
+
+  def body(rev_ref, x_ref, o_ref):
+    t0 = pl.program_id(0) * block_t
+    c0 = pl.program_id(1) * block_d
+    t_ok = (t0 + jnp.arange(block_t, dtype=_I32)) < num_tokens
+    cols = c0 + jnp.arange(block_d, dtype=_I32)
+    x = plgpu_triton.load(x_ref.at[pl.ds(t0, block_t), pl.ds(c0, block_d)], mask=t_ok[:, None],
+                          other=0)
+    for kk in range(k):
+      kk = jnp.int32(kk)  # an array index: the interpreter rejects a Python int here
+      row = plgpu_triton.load(rev_ref.at[pl.ds(t0, block_t), kk], mask=t_ok, other=0)
+      plgpu_triton.store(o_ref.at[row[:, None], cols[None, :]], x, mask=t_ok[:, None])
+
+  out_shape = jax.ShapeDtypeStruct((num_tokens * k, d), dtype)
+  return _call(body, out_shape, (pl.cdiv(num_tokens, block_t), d // block_d), num_warps,
+               interpret)
+
+
+@functools.cache
+def dispatch_gather_call(num_rows: int, d: int, dtype, block_r: int, block_d: int,
+                         num_warps: int, interpret: bool):
+  """gather (P,), x (T, d) -> out (P, d): out[p] = x[gather[p]]."""
+
+  def body(g_ref, x_ref, o_ref):
+    r0 = pl.program_id(0) * block_r
+    c0 = pl.program_id(1) * block_d
+    r_ok = (r0 + jnp.arange(block_r, dtype=_I32)) < num_rows
+    cols = c0 + jnp.arange(block_d, dtype=_I32)
+    src = plgpu_triton.load(g_ref.at[pl.ds(r0, block_r)], mask=r_ok, other=0)
+    x = plgpu_triton.load(x_ref.at[src[:, None], cols[None, :]], mask=r_ok[:, None], other=0)
+    plgpu_triton.store(o_ref.at[pl.ds(r0, block_r), pl.ds(c0, block_d)], x, mask=r_ok[:, None])
+
+  out_shape = jax.ShapeDtypeStruct((num_rows, d), dtype)
+  return _call(body, out_shape, (pl.cdiv(num_rows, block_r), d // block_d), num_warps,
+               interpret)
+
+
+@functools.cache
 def select_call(num_rows: int, num_cols: int, chunk: int, bits: int, num_warps: int,
                 interpret: bool):
   """keys (E, T) int32 (order-preserving, a column per row), counts (E,) int32 ->
