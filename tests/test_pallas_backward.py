@@ -147,6 +147,9 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
                  DH_RING_CFG, block_n=64, num_consumers=2, consumer_split="n", h_source="gmem",
                  epi_buffers=1),
              "fused-2buf": dataclasses.replace(DH_FUSED_CFG, epi_buffers=2),
+             # The fused default at d >= 4096 in small: rows split, H from HBM, 2 buffers.
+             "fused-2wg-gmem-2buf": dataclasses.replace(
+                 DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", epi_buffers=2),
              # H loads issued ahead (chunk 0 before the K loop, chunk c + 1 with chunk c).
              "ring-gmem-prefetch": dataclasses.replace(DH_RING_CFG, h_source="gmem",
                                                        h_prefetch=True),
@@ -241,16 +244,23 @@ def test_dh_fused_gather_validation():
 
 
 def test_dh_config_for_fused_gather():
-  """The fused heuristic keeps the default tiles and the deepest ring (<= 4) that fits."""
-  for d, n in ((4096, 1024), (1024, 512), (768, 192)):
+  """The fused heuristic: at d >= 4096 with n % 256 == 0 the row-split 128 x 256 tile (H from
+  HBM); otherwise the default tiles and the deepest ring (<= 4) that fits."""
+  for d, n in ((4096, 384), (1024, 512), (768, 192), (2048, 1024)):
     cfg = dh_config_for(d, n, gather="fused")
-    assert cfg.gather == "fused" and cfg.ctas_per_sm == 1
+    assert cfg.gather == "fused" and cfg.ctas_per_sm == 1 and cfg.num_consumers == 1
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.epi_n) == (
         128, 128 if n % 128 == 0 else 64, 64, 64)
     assert smem_bytes(cfg) <= 220 * 1024
     deeper = dataclasses.replace(cfg, max_concurrent_steps=cfg.max_concurrent_steps + 1)
     assert cfg.max_concurrent_steps == 4 or smem_bytes(deeper) > 220 * 1024
-  assert dh_config_for(4096, 1024, gather="fused").max_concurrent_steps == 3
+  assert dh_config_for(4096, 384, gather="fused").max_concurrent_steps == 3
+  for d, n in ((4096, 256), (4096, 512), (7168, 2048)):
+    cfg = dh_config_for(d, n, gather="fused")
+    assert (cfg.gather, cfg.block_n, cfg.num_consumers, cfg.consumer_split, cfg.h_source) == (
+        "fused", 256, 2, "m", "gmem")
+    assert smem_bytes(cfg) <= 220 * 1024
+    validate_dh_shapes(d, n, cfg)
 
 
 def test_dh_config_for_xla_gather_two_ctas_per_sm_at_small_d():
@@ -335,9 +345,10 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                 dict(ring=True, block_k=32, max_concurrent_steps=6),
                                 dict(gather="fused"), dict(ring=True, h_prefetch=True),
                                 dict(ring=True, **WIDE_M_DH),
-                                dict(ring=True, **WIDE_M_DH, h_prefetch=True)],
+                                dict(ring=True, **WIDE_M_DH, h_prefetch=True),
+                                dict(gather="fused", **WIDE_M_DH)],
                          ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
-                              "rows-64x256-prefetch"])
+                              "rows-64x256-prefetch", "fused-rows-64x256"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -797,7 +808,7 @@ def test_gpu_dh_matches_xla():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg", "ring-wide",
                                   "ring-wide-k32", "fused-wide", "ring-wide-prefetch",
-                                  "ring-rows-wide", "ring-rows-wide-prefetch"])
+                                  "ring-rows-wide", "ring-rows-wide-prefetch", "fused-rows-wide"])
 def test_gpu_dh_fused_gather_matches_default(kind):
   """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
   stages), against the default XLA-gather kernel and the xla backend at a realistic size; the
