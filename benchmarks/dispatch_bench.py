@@ -8,6 +8,8 @@ shapes of the layer benchmark's configs, with real routing from random logits:
   xla-u32     the same gather on a uint32 view of the rows (two bf16 per element)
   copy        a (P, d) elementwise op (reads and writes P·d elements: the copy ceiling)
   <impl>:<method>:<block_t>x<block_d>:w<warps>   sonic_jax.triton.dispatch
+  ffi:gather, ffi:scatter   the ffi backend's CUDA gather_rows / scatter_rows (needs the
+                            library: python -m sonic_jax.ffi.build)
 
 each checked bit for bit against xla, GPU time by CUPTI (median), and prints one table per
 config with the effective bandwidth of the bytes each method must move. Needs a GPU.
@@ -72,6 +74,13 @@ def main(argv=None) -> int:
       elif spec == "copy":
         call_args = (jnp.tile(x, (p // cfg.T, 1)), plan)
         fn = jax.jit(lambda b, pl_: -b)
+      elif spec.startswith("ffi:"):
+        from sonic_jax.ffi import ops as ffi_ops
+        if spec == "ffi:scatter":
+          fn = jax.jit(lambda x_, pl_: ffi_ops.scatter_rows(x_, pl_.reverse_idx))
+          moved = (p + cfg.T) * d * 2
+        else:
+          fn = jax.jit(lambda x_, pl_: ffi_ops.gather_rows(x_, pl_.gather_idx, pl_.group_offsets))
       else:
         impl, method, blocks, warps = spec.split(":")
         bt, bd = (int(v) for v in blocks.split("x"))

@@ -1,4 +1,5 @@
-// Memory-bound kernels of the ffi backend: row gather, SwiGLU / dSwiGLU epilogues, combine.
+// Memory-bound kernels of the ffi backend: row gather / scatter, SwiGLU / dSwiGLU epilogues,
+// combine.
 // Every kernel reads the number of live rows (group_offsets[E]) on the device, so no host sync;
 // rows past it are neither read nor written. Rows move as 16-byte vectors (8 bf16).
 #include <cuda_bf16.h>
@@ -59,6 +60,20 @@ __global__ void gather_rows_kernel(const uint4* src, const int32_t* idx, const i
     const uint4* s = src + int64_t(idx[row]) * chunks;
     uint4* d = dst + row * chunks;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) d[c] = s[c];
+  }
+}
+
+// Top-K plans: token t's row is read once and written to its K grouped rows rev[t*K + k]
+// (every grouped row is one pair's: P = T*K, all live).
+__global__ void scatter_rows_kernel(const uint4* src, const int32_t* rev, int64_t num_tokens,
+                                    int top_k, int chunks, uint4* dst) {
+  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const uint4* s = src + t * chunks;
+    const int32_t* r = rev + t * top_k;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 v = s[c];
+      for (int j = 0; j < top_k; ++j) dst[int64_t(r[j]) * chunks + c] = v;
+    }
   }
 }
 
@@ -176,6 +191,16 @@ cudaError_t gather_rows(const uint16_t* src, const int32_t* idx, const int32_t* 
   const int chunks = cols / 8;
   ew::gather_rows_kernel<<<ew::grid_for(capacity, 1), ew::block_for(chunks), 0, stream>>>(
       reinterpret_cast<const uint4*>(src), idx, group_offsets, num_groups, chunks,
+      reinterpret_cast<uint4*>(dst));
+  return cudaGetLastError();
+}
+
+cudaError_t scatter_rows(const uint16_t* src, const int32_t* reverse_idx, int64_t num_tokens,
+                         int top_k, int cols, uint16_t* dst, cudaStream_t stream) {
+  if (num_tokens == 0 || top_k == 0) return cudaSuccess;
+  const int chunks = cols / 8;
+  ew::scatter_rows_kernel<<<ew::grid_for(num_tokens, 1), ew::block_for(chunks), 0, stream>>>(
+      reinterpret_cast<const uint4*>(src), reverse_idx, num_tokens, top_k, chunks,
       reinterpret_cast<uint4*>(dst));
   return cudaGetLastError();
 }

@@ -87,6 +87,22 @@ ffi::Error GatherRowsImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> src,
                                 static_cast<int>(cols), dst->typed_data(), stream));
 }
 
+// src (T, d) bf16, reverse_idx (T*K,) s32 -> dst (T*K, d) bf16: dst[reverse_idx[t*K + k]] = src[t].
+ffi::Error ScatterRowsImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> src,
+                           ffi::Buffer<ffi::S32, 1> rev, ffi::ResultBuffer<ffi::BF16, 2> dst) {
+  note_call(stream);
+  const int64_t tokens = src.dimensions()[0], cols = src.dimensions()[1];
+  const int64_t pairs = rev.dimensions()[0];
+  if (auto e = check(cols % 8 == 0 && tokens > 0 && pairs % tokens == 0 &&
+                         dst->dimensions()[0] == pairs && dst->dimensions()[1] == cols,
+                     "scatter_rows: need cols % 8 == 0, reverse_idx (T*K,) and dst (T*K, cols)");
+      e.failure()) return e;
+  return cuda_error("scatter_rows",
+                    scatter_rows(src.typed_data(), rev.typed_data(), tokens,
+                                 static_cast<int>(pairs / tokens), static_cast<int>(cols),
+                                 dst->typed_data(), stream));
+}
+
 // kind: GemmKind, config: GemmConfig. varlen-M: a (P, K), b (E, K, N) [NN] or (E, N, K) [NT], d (P, N).
 // varlen-K: a (P, M), b (P, N), d (E, M, N). workspace: u8, size from the workspace query.
 ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
@@ -285,6 +301,7 @@ using sonic::handlers::DSwigluImpl;
 using sonic::handlers::GatheredGroupedGemmImpl;
 using sonic::handlers::GatherRowsImpl;
 using sonic::handlers::GroupedGemmImpl;
+using sonic::handlers::ScatterRowsImpl;
 using sonic::handlers::SwigluAImpl;
 using sonic::handlers::SwigluFromHImpl;
 using sonic::handlers::SwigluHAImpl;
@@ -307,6 +324,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatherRows, GatherRowsImpl,
                                   .Ctx<Stream>()
                                   .Arg<Bf16Matrix>()
                                   .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicScatterRows, ScatterRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<Bf16Matrix>()
                                   .Arg<S32Vector>()
                                   .Ret<Bf16Matrix>(),
                               SONIC_CMD_BUFFER);
@@ -395,7 +420,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 3; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 4; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown

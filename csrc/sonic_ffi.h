@@ -94,6 +94,11 @@ cudaError_t gather_rows(const uint16_t* src, const int32_t* idx, const int32_t* 
                         int num_groups, int64_t capacity, int cols, uint16_t* dst,
                         cudaStream_t stream);
 
+// Top-K plans: dst[reverse_idx[t * top_k + k], :] = src[t, :] for t < num_tokens, k < top_k
+// (dst has num_tokens * top_k rows, each written once); cols % 8 == 0.
+cudaError_t scatter_rows(const uint16_t* src, const int32_t* reverse_idx, int64_t num_tokens,
+                         int top_k, int cols, uint16_t* dst, cudaStream_t stream);
+
 // From the fp32 accumulator acc (P, 2n): h = bf16(acc) (skipped when h == nullptr),
 // a = bf16(silu(acc[:, :n]) * acc[:, n:]), rows p < group_offsets[E].
 cudaError_t swiglu_fwd(const float* acc, const int32_t* group_offsets, int num_groups,

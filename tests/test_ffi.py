@@ -203,6 +203,15 @@ def test_ffi_kernels_fused_gather_switch():
     FfiKernels(fused_gather="yes")
 
 
+def test_ffi_kernels_row_gather_switch():
+  assert FfiKernels().row_gather == "gather"  # opt-in until a GPU measures the scatter
+  assert FfiKernels(row_gather="scatter") != FfiKernels()
+  assert len({FfiKernels(), FfiKernels(row_gather="scatter"), FfiKernels(row_gather="scatter")}) == 2
+  assert "row_gather='scatter'" in repr(FfiKernels(row_gather="scatter"))
+  with pytest.raises(ValueError, match="row_gather must be 'gather' or 'scatter', got 'xla'"):
+    FfiKernels(row_gather="xla")
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(kind=GemmKind.VARLEN_M_NN_BF16),
      "kind must be one of \\['VARLEN_M_GATHER_NN_BF16', 'VARLEN_M_GATHER_NT_F32'\\], got "
@@ -396,6 +405,43 @@ def test_layer_forward_backward_matches_xla(routing, fused_gather):
   assert _rel(out, out_r) < BF16_TOL
   for name, g, g_r in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_r):
     assert _rel(g, g_r) < 2 * BF16_TOL, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["topk", "empty_experts", "one_expert"])
+def test_scatter_rows_matches_gather_rows(routing, data):
+  """scatter_rows by reverse_idx gives gather_rows' grouped rows bit for bit (top-K plans,
+  empty experts and one expert with every token included)."""
+  plan = _plans(T, E)[routing]
+  x = data["x"]
+  got = jax.jit(ops.scatter_rows)(x, plan.reverse_idx)
+  want = jax.jit(ops.gather_rows)(x, plan.gather_idx, plan.group_offsets)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["topk", "token_rounding"])
+def test_layer_gradients_with_scatter_rows_match_gather_rows(routing):
+  """FfiKernels(row_gather="scatter"): the same rows, so the same output and gradients bit for
+  bit; a token-rounding plan (no fixed K) keeps gather_rows."""
+  t, d, n, e, k = 1024, 512, 256, 12, 4
+  ks = jax.random.split(jax.random.key(12), 5)
+  x = jax.random.normal(ks[0], (t, d), jnp.bfloat16)
+  router_w = (jax.random.normal(ks[1], (d, e)) / np.sqrt(d)).astype(jnp.bfloat16)
+  w1 = (jax.random.normal(ks[2], (e, d, 2 * n)) / np.sqrt(d)).astype(jnp.bfloat16)
+  w2 = (jax.random.normal(ks[3], (e, n, d)) / np.sqrt(n)).astype(jnp.bfloat16)
+  cot = jax.random.normal(ks[4], (t, d), jnp.float32)
+  rt = "topk" if routing == "topk" else TokenRounding(tile=64)
+
+  def grads(backend):
+    f = lambda *a: jnp.sum(sonic_jax.moe(*a, top_k=k, routing=rt, backend=backend)
+                           .astype(jnp.float32) * cot)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))(x, router_w, w1, w2)
+
+  (v1, g1), (v2, g2) = grads(FfiKernels(row_gather="scatter")), grads(FfiKernels())
+  assert float(v1) == float(v2)
+  for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), g1, g2):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), name)
 
 
 @pytest.mark.gpu

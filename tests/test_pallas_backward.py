@@ -750,6 +750,22 @@ def test_moe_gradients_pallas_interpret_vs_xla(gathers):
       np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(b, np.float32), name)
 
 
+def test_up_proj_xla_gather_takes_rows_from_row_gather():
+  """An up_proj config with gather="xla" takes its x rows from row_gather (here the
+  Pallas-Triton dispatch in interpret mode): H and A bit for bit those of XLA's gather."""
+  from sonic_jax.pallas.backend import PallasKernels
+  from sonic_jax.pallas.configs import ForwardConfig, GemmConfig
+  a = _gpu_inputs(t=64, d=128, n=64, e=5, k=2)
+  w1 = (jax.random.normal(jax.random.key(4), (5, 128, 128)) / 12).astype(jnp.bfloat16)
+  cfg = ForwardConfig(up_proj=GemmConfig(block_n=64, gather="xla"))
+  outs = [PallasKernels(interpret=True, config=cfg, row_gather=rg).up_proj(a["x"], w1, a["plan"])
+          for rg in ("xla", "pallas_triton")]
+  for name, got, want in zip(("H", "A"), outs[1], outs[0]):
+    m = np.asarray(a["plan"].valid_mask())
+    np.testing.assert_array_equal(np.asarray(got, np.float32)[m], np.asarray(want, np.float32)[m],
+                                  name)
+
+
 def test_row_gather_validation():
   from sonic_jax.pallas.backend import PallasKernels
   with pytest.raises(ValueError, match="row_gather must be one of"):

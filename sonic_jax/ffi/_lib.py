@@ -13,6 +13,7 @@ ENV_LIBRARY = "SONIC_JAX_FFI_LIBRARY"
 # FFI target name -> exported handler symbol (csrc/ffi_handlers.cu).
 TARGETS = {
     "sonic_jax_gather_rows": "SonicGatherRows",
+    "sonic_jax_scatter_rows": "SonicScatterRows",
     "sonic_jax_grouped_gemm": "SonicGroupedGemm",
     "sonic_jax_gathered_grouped_gemm": "SonicGatheredGroupedGemm",
     "sonic_jax_swiglu_ha": "SonicSwigluHA",
@@ -22,7 +23,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 def _search_dirs() -> list[pathlib.Path]:

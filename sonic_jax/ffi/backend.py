@@ -12,7 +12,10 @@ accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax
 ``FfiKernels(fused_gather=True)`` (opt-in: correct on the H200 but slower than gathering first,
 docs/ffi.md) lets up_proj and dh read the x / dO rows through gather_idx inside the GEMM
 (cp.async producer, GitHub issue #5) instead of gathering a (P, d) copy first; dw1 / dw2 still
-gather. The epilogues are separate kernels.
+gather. The epilogues are separate kernels. ``FfiKernels(row_gather="scatter")`` (opt-in, not yet
+timed on a GPU) makes the gathered rows with ``scatter_rows`` (top-K plans: each token row read
+once and written to its K grouped rows; the Triton version of the same scatter is 2.2x XLA's
+gather on the H200, docs/triton.md) instead of ``gather_rows``.
 """
 
 from __future__ import annotations
@@ -33,21 +36,32 @@ class FfiKernels(ExpertKernels):
 
   name = "ffi"
 
-  def __init__(self, fused_gather: bool = False):
+  def __init__(self, fused_gather: bool = False, row_gather: str = "gather"):
     if not isinstance(fused_gather, bool):
       raise ValueError(f"fused_gather must be a bool, got {fused_gather!r}")
+    if row_gather not in ("gather", "scatter"):
+      raise ValueError(f"row_gather must be 'gather' or 'scatter', got {row_gather!r}")
     self.fused_gather = fused_gather
+    self.row_gather = row_gather
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
   def __hash__(self):
-    return hash((type(self), self.fused_gather))
+    return hash((type(self), self.fused_gather, self.row_gather))
 
   def __eq__(self, other):
-    return type(other) is type(self) and other.fused_gather == self.fused_gather
+    return (type(other) is type(self) and other.fused_gather == self.fused_gather
+            and other.row_gather == self.row_gather)
 
   def __repr__(self):
-    return f"FfiKernels(fused_gather={self.fused_gather})"
+    return f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r})"
+
+  def _rows(self, src, plan):
+    """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
+    else gather_rows."""
+    if self.row_gather == "scatter" and plan.top_k is not None:
+      return ops.scatter_rows(src, plan.reverse_idx)
+    return ops.gather_rows(src, plan.gather_idx, plan.group_offsets)
 
   def validate(self, x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array) -> None:
     """Raises ValueError for dtypes or sizes the kernels cannot handle (before any kernel runs)."""
@@ -71,7 +85,7 @@ class FfiKernels(ExpertKernels):
     offs = plan.group_offsets
     if self.fused_gather:
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind)
-    return ops.grouped_gemm(ops.gather_rows(src, plan.gather_idx, offs), w, offs, kind)
+    return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
 
   def up_proj(self, x, w1, plan, *, inference=False):
     h = self._gathered_gemm(x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
@@ -93,7 +107,7 @@ class FfiKernels(ExpertKernels):
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets
-    dog = ops.gather_rows(dout, plan.gather_idx, offs)
+    dog = self._rows(dout, plan)
     return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
 
   def dx_pairs(self, dh, w1, plan):
@@ -101,5 +115,5 @@ class FfiKernels(ExpertKernels):
 
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
-    xg = ops.gather_rows(x, plan.gather_idx, offs)
+    xg = self._rows(x, plan)
     return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)

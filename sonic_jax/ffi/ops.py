@@ -29,6 +29,14 @@ def gather_rows(src: jax.Array, idx: jax.Array, group_offsets: jax.Array) -> jax
                group_offsets.astype(jnp.int32))
 
 
+def scatter_rows(src: jax.Array, reverse_idx: jax.Array) -> jax.Array:
+  """src (T, c) bf16, reverse_idx (T·K,) (a top-K plan's flat pair -> grouped row) -> (T·K, c):
+  grouped row reverse_idx[t·K + k] = src[t]. The same rows as gather_rows by gather_idx, with
+  src read once in order instead of K times at random."""
+  out = jax.ShapeDtypeStruct((reverse_idx.shape[0], src.shape[1]), src.dtype)
+  return _call("sonic_jax_scatter_rows", out, src, reverse_idx.astype(jnp.int32))
+
+
 def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: GemmKind,
                  config: GemmConfig | int | None = None) -> jax.Array:
   """Grouped GEMM of kind ``kind`` with tile schedule ``config`` (None: schedules.pick).

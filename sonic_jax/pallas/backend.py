@@ -51,8 +51,8 @@ class PallasKernels(ExpertKernels):
   SonicMoE holds 6.76 GiB there; pallas-train-mixes-h200-2026-12-03-s7.log).
   dw1_last: run dW1 after dW2 and dx (``ExpertKernels.dw1_last``), so that XLA's gathered x is
   never live together with the gathered dO or dX_pairs; default True.
-  row_gather: what makes the gathered (P, d) rows of dO and x where the backward kernels take
-  them pre-gathered (gather "xla" in their configs): "xla" (``a[plan.gather_idx]``, XLA's
+  row_gather: what makes the gathered (P, d) rows of dO and x where the backward kernels (and
+  an up_proj config with gather="xla") take them pre-gathered: "xla" (``a[plan.gather_idx]``, XLA's
   gather), a ``sonic_jax.triton.dispatch`` implementation, "jax_triton" or "pallas_triton"
   (top-K plans: each token row read once and written to its K grouped rows), or "auto"
   (default): "pallas_triton" on a GPU (no extra package; jax_triton measured the same), "xla"
@@ -208,9 +208,12 @@ class PallasKernels(ExpertKernels):
     from sonic_jax.pallas.grouped_gemm import grouped_gemm
     d, n = x.shape[1], w1.shape[2] // 2
     config = self._up_config(d, n)
-    return grouped_gemm(x, w1, plan.group_sizes, plan.group_offsets, num_rows=plan.capacity,
-                        gather_idx=plan.gather_idx, epilogue="swiglu", inference=inference,
-                        config=config, interpret=self.interpret)
+    # With an XLA-side gather (config.gather == "xla") the rows come from row_gather too.
+    rows = self._gathered(x, plan, config.gather == "fused")
+    return grouped_gemm(x if rows is None else rows, w1, plan.group_sizes, plan.group_offsets,
+                        num_rows=plan.capacity,
+                        gather_idx=plan.gather_idx if rows is None else None, epilogue="swiglu",
+                        inference=inference, config=config, interpret=self.interpret)
 
   def down_proj(self, a, w2, plan):
     from sonic_jax.pallas.grouped_gemm import grouped_gemm
