@@ -82,8 +82,10 @@ def dispatch(x: jax.Array, plan: RoutingPlan, *, impl: str = "jax_triton",
   num_tokens, d = x.shape
   block_d = _block_d(d, config)
   tri.check_available(impl, interpret)
-  scatter = config.method == "scatter" and plan.top_k is not None
   num_rows = plan.capacity
+  # The scatter writes every grouped row once: a top-K plan's P = T·K rows, all live.
+  scatter = (config.method == "scatter" and plan.top_k is not None
+             and num_rows == num_tokens * plan.top_k)
   if impl == "pallas_triton":
     from sonic_jax.triton import pallas_kernels as pk
     if scatter:
