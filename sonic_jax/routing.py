@@ -90,6 +90,14 @@ class RoutingPlan:
     """Number of valid pairs (a traced scalar)."""
     return self.group_offsets[-1]
 
+  @property
+  def fixed_top_k(self) -> int | None:
+    """K when every token has exactly K pairs at flat positions t·K + k and P = T·K (what a
+    per-token scatter of rows needs), else None."""
+    if self.top_k is None or self.capacity != self.num_tokens * self.top_k:
+      return None
+    return self.top_k
+
   def valid_mask(self) -> jax.Array:
     """(P,) bool: flat pair j (equivalently grouped row p) is a real pair."""
     return jnp.arange(self.capacity, dtype=jnp.int32) < self.num_pairs

@@ -424,23 +424,15 @@ def test_scatter_rows_matches_gather_rows(routing, data):
 def test_layer_gradients_with_scatter_rows_match_gather_rows(routing):
   """FfiKernels(row_gather="scatter"): the same rows, so the same output and gradients bit for
   bit; a token-rounding plan (no fixed K) keeps gather_rows."""
-  t, d, n, e, k = 1024, 512, 256, 12, 4
-  ks = jax.random.split(jax.random.key(12), 5)
-  x = jax.random.normal(ks[0], (t, d), jnp.bfloat16)
-  router_w = (jax.random.normal(ks[1], (d, e)) / np.sqrt(d)).astype(jnp.bfloat16)
-  w1 = (jax.random.normal(ks[2], (e, d, 2 * n)) / np.sqrt(d)).astype(jnp.bfloat16)
-  w2 = (jax.random.normal(ks[3], (e, n, d)) / np.sqrt(n)).astype(jnp.bfloat16)
-  cot = jax.random.normal(ks[4], (t, d), jnp.float32)
+  from tests.helpers import Problem, make_inputs, value_and_grads
+  args = make_inputs(Problem(T=1024, d=512, n=256, E=12, K=4, seed=12), jnp.bfloat16)
+  ct = jax.random.normal(jax.random.key(13), (1024, 512), jnp.bfloat16)
   rt = "topk" if routing == "topk" else TokenRounding(tile=64)
-
-  def grads(backend):
-    f = lambda *a: jnp.sum(sonic_jax.moe(*a, top_k=k, routing=rt, backend=backend)
-                           .astype(jnp.float32) * cot)
-    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2, 3)))(x, router_w, w1, w2)
-
-  (v1, g1), (v2, g2) = grads(FfiKernels(row_gather="scatter")), grads(FfiKernels())
-  assert float(v1) == float(v2)
-  for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), g1, g2):
+  run = lambda backend: value_and_grads(
+      lambda *a: sonic_jax.moe(*a, top_k=4, routing=rt, backend=backend), args, ct)
+  (out, grads), (out_g, grads_g) = run(FfiKernels(row_gather="scatter")), run(FfiKernels())
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_g, np.float32))
+  for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_g):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), name)
 
 

@@ -169,3 +169,14 @@ def test_select_top_per_column_matches_stable_argsort(seed):
   got = np.asarray(jax.jit(select_top_per_column)(jnp.asarray(v), jnp.asarray(counts)))
   np.testing.assert_array_equal(got, _argsort_select(v, counts))
   np.testing.assert_array_equal(got.sum(0), counts)
+
+
+def test_fixed_top_k_only_for_token_major_plans():
+  """RoutingPlan.fixed_top_k: K for top-K plans (P = T·K), None for token rounding (padding,
+  a variable pair count per token) and for a top_k that does not match the capacity."""
+  logits = jax.random.normal(jax.random.key(0), (24, 6))
+  plan = sonic_jax.route_logits(logits, top_k=2)
+  assert plan.fixed_top_k == 2
+  tr = sonic_jax.route_logits(logits, top_k=2, routing=sonic_jax.TokenRounding(tile=4))
+  assert tr.top_k is None and tr.fixed_top_k is None
+  assert plan.replace(top_k=3).fixed_top_k is None

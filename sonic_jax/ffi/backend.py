@@ -59,8 +59,7 @@ class FfiKernels(ExpertKernels):
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
     else gather_rows."""
-    if (self.row_gather == "scatter" and plan.top_k is not None
-        and plan.capacity == plan.num_tokens * plan.top_k):
+    if self.row_gather == "scatter" and plan.fixed_top_k is not None:
       return ops.scatter_rows(src, plan.reverse_idx)
     return ops.gather_rows(src, plan.gather_idx, plan.group_offsets)
 

@@ -69,6 +69,23 @@ def jax_triton_call(*arrays, scalars: tuple = (), **kwargs):
   return sequential(lambda *a: jt.triton_call(*a, *scalars, **kwargs))(*arrays)
 
 
+def column_block(d: int, block_d: int | None, *, largest: int, arg: str, config_name: str,
+                 kernel: str) -> int:
+  """Columns per program of a row-moving kernel: ``block_d`` (it must divide d), or None: the
+  largest power of two <= ``largest`` dividing d (d % 8 == 0: whole 16-byte bf16 vectors)."""
+  if block_d is not None:
+    if d % block_d:
+      raise ValueError(f"{arg} (d = {d}) must be a multiple of {config_name}.block_d "
+                       f"({block_d})")
+    return block_d
+  bd = largest
+  while bd >= 8:
+    if d % bd == 0:
+      return bd
+    bd //= 2
+  raise ValueError(f"{arg} (d = {d}) must be a multiple of 8 for the Triton {kernel}")
+
+
 def validate_impl(impl) -> None:
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

@@ -39,15 +39,8 @@ class CombineConfig:
 
 
 def block_d_for(d: int, config: CombineConfig) -> int:
-  if config.block_d is not None:
-    if d % config.block_d:
-      raise ValueError(f"y.shape[1] (d = {d}) must be a multiple of CombineConfig.block_d "
-                       f"({config.block_d})")
-    return config.block_d
-  for bd in (1024, 512, 256, 128, 64, 32, 16, 8):
-    if d % bd == 0:
-      return bd
-  raise ValueError(f"y.shape[1] (d = {d}) must be a multiple of 8 for the Triton combine")
+  return tri.column_block(d, config.block_d, largest=1024, arg="y.shape[1]",
+                          config_name="CombineConfig", kernel="combine")
 
 
 def validate_combine(y, plan: RoutingPlan, scores) -> None:

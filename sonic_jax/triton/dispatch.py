@@ -52,15 +52,8 @@ class DispatchConfig:
 
 
 def _block_d(d: int, config: DispatchConfig) -> int:
-  if config.block_d is not None:
-    if d % config.block_d:
-      raise ValueError(f"x.shape[1] (d = {d}) must be a multiple of DispatchConfig.block_d "
-                       f"({config.block_d})")
-    return config.block_d
-  for bd in (2048, 1024, 512, 256, 128, 64, 32, 16, 8):
-    if d % bd == 0:
-      return bd
-  raise ValueError(f"x.shape[1] (d = {d}) must be a multiple of 8 for the Triton dispatch")
+  return tri.column_block(d, config.block_d, largest=2048, arg="x.shape[1]",
+                          config_name="DispatchConfig", kernel="dispatch")
 
 
 def validate_dispatch(x, plan: RoutingPlan) -> None:
@@ -84,8 +77,7 @@ def dispatch(x: jax.Array, plan: RoutingPlan, *, impl: str = "jax_triton",
   tri.check_available(impl, interpret)
   num_rows = plan.capacity
   # The scatter writes every grouped row once: a top-K plan's P = T·K rows, all live.
-  scatter = (config.method == "scatter" and plan.top_k is not None
-             and num_rows == num_tokens * plan.top_k)
+  scatter = config.method == "scatter" and plan.fixed_top_k is not None
   if impl == "pallas_triton":
     from sonic_jax.triton import pallas_kernels as pk
     if scatter:
