@@ -49,6 +49,8 @@ def main(argv=None) -> int:
   ap.add_argument("--iters", type=int, default=10, help="timed calls per variant and round")
   ap.add_argument("--rounds", type=int, default=3,
                   help="rounds in which the variants take turns (medians over all rounds)")
+  ap.add_argument("--outputs-gib", type=float, default=48.0,
+                  help="fewer calls per round where the outputs of --iters calls exceed this")
   ap.add_argument("--out-dir", default="kernel_profile_out")
   ap.add_argument("--min-ms", type=float, default=0.01,
                   help="print kernels from this time up; the rest as one sum (all in the JSON)")
@@ -69,11 +71,24 @@ def main(argv=None) -> int:
   for cfg in parse_configs(args.configs.split(",")):
     prob = make_problem(cfg, seed=0)
     fns, errs_of, ref_grads = {}, {}, None
+    iters = args.iters
     for spec in args.variants.split(","):
-      kern = kernels_for(spec, cfg.d, cfg.n)
-      fn = jax.jit(fwdbwd_step(
-          lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern)))
-      grads = jax.block_until_ready(fn(*prob.args, prob.dout))[1]
+      try:
+        kern = kernels_for(spec, cfg.d, cfg.n)
+        fn = jax.jit(fwdbwd_step(
+            lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern)))
+        step_out = jax.block_until_ready(fn(*prob.args, prob.dout))
+      except (Exception, SystemExit) as e:  # one variant that does not build must not end it
+        print(f"  {spec}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+        records.append({"config": cfg.name, "shape": cfg.shape, "variant": spec,
+                        "error": f"{type(e).__name__}: {e}"[:2000]})
+        continue
+      # measure() keeps every iteration's outputs alive until the last one finishes: at
+      # DeepSeek-V3-like sizes (22 GiB of weight gradients per call) 5 iterations do not fit.
+      out_bytes = sum(a.nbytes for a in jax.tree.leaves(step_out))
+      iters = max(1, min(iters, int(args.outputs_gib * 2**30 // out_bytes)))
+      grads = step_out[1]
+      del step_out
       if ref_grads is None:
         ref_grads, errs_of[spec] = grads, {}
       else:  # against the first variant: a faster variant must compute the same gradients
@@ -85,9 +100,12 @@ def main(argv=None) -> int:
     # seconds (session 11: unchanged kernels 3-9 % slower in the 2nd-4th variant of a
     # one-after-the-other profile), so a later variant must not be the only one timed hot.
     samples = {spec: [] for spec in fns}
+    if iters < args.iters:
+      print(f"  {iters} calls per round (the outputs of {args.iters} exceed "
+            f"--outputs-gib {args.outputs_gib})", flush=True)
     for _ in range(args.rounds):
       for spec, fn in fns.items():
-        _, timings = profiler.measure(fn, aggregate=False, iterations=args.iters)(
+        _, timings = profiler.measure(fn, aggregate=False, iterations=iters)(
             *prob.args, prob.dout)
         samples[spec].extend(timings)
     per_variant = {}
@@ -97,13 +115,13 @@ def main(argv=None) -> int:
       errs = errs_of[spec]
       records.append({"config": cfg.name, "shape": cfg.shape, "variant": spec,
                       "kernels": per_variant[spec], "total_ms": total, "rel_vs_first": errs,
-                      "rounds": args.rounds, "iters_per_round": args.iters,
+                      "rounds": args.rounds, "iters_per_round": iters,
                       "iterations_kept": kept, "iterations": len(timings)})
       print(f"  {spec}: {total:.3f} ms" + "".join(f"  rel_{k}={v:.2g}" for k, v in errs.items())
             + (f"  ({kept} of {len(timings)} iterations had the usual kernel list)"
                if kept < len(timings) else ""), flush=True)
     del fns
-    print(f"== {cfg.name} {cfg.shape}: kernel ms, median of {args.rounds} x {args.iters} "
+    print(f"== {cfg.name} {cfg.shape}: kernel ms, median of {args.rounds} x {iters} "
           f"(variants interleaved), launch order")
     for spec, rows in per_variant.items():
       print(f"  -- {spec}: {len(rows)} kernels, total {sum(t for _, t in rows):.3f} ms")
