@@ -49,7 +49,7 @@ def main(argv=None) -> int:
   ap.add_argument("--iters", type=int, default=10, help="timed calls per variant and round")
   ap.add_argument("--rounds", type=int, default=3,
                   help="rounds in which the variants take turns (medians over all rounds)")
-  ap.add_argument("--outputs-gib", type=float, default=48.0,
+  ap.add_argument("--outputs-gib", type=float, default=24.0,
                   help="fewer calls per round where the outputs of --iters calls exceed this")
   ap.add_argument("--out-dir", default="kernel_profile_out")
   ap.add_argument("--min-ms", type=float, default=0.01,

@@ -209,10 +209,13 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
   a tie at d=768 (0.630 / 0.634 ms, T=40960, n=512), which keeps the two-CTA kernel.
   Issuing the H loads ahead of the epilogue (h_prefetch) lost on both tiles.
 
-  gather="fused" with d >= 4096 and n % 256 == 0: the same row-split 128 x 256 tile as above
-  with the dO rows gathered by the producer's cp.async. H200, session 11, T=32768, d=4096,
-  n=512, E=256, K=16 (kernel-profile-h200-2026-12-04-s11.md): 4.86 against 9.06 ms for the
-  one-consumer 128 x 128 tile below; layer step 41.24 against 43.85 ms.
+  gather="fused" with d >= 768 and n % 256 == 0: the same row-split 128 x 256 tile as above
+  with the dO rows gathered by the producer's cp.async. H200, dh kernel / layer step against
+  the one-consumer 128 x 128 tile below: session 11, T=32768, d=4096, n=512, E=256, K=16
+  (kernel-profile-h200-2026-12-04-s11.md): 4.86 / 41.24 against 9.06 / 43.85 ms; session 12
+  (kernel-profile-h200-2026-12-04-s12-n256.log), n=256, E=128, K=8: T=40960, d=768 0.664 /
+  3.339 against 1.045 / 3.723 ms; T=24576, d=1536 0.543 / 3.719 against 0.900 / 4.078 ms
+  (3 stages of block_k 64 the same to 0.3 %).
   gather="fused" otherwise: the 128-column tiles with the deepest ring (<= 4) that fits the SMEM
   next to the H tiles and one staged output chunk (3 stages at 128x128x64; H200, T=32768,
   d=4096, n=1024, E=128, K=8: 6.73-6.82 ms against 6.50 ms for the XLA gather + kernel, session
@@ -226,7 +229,7 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
     if d <= 1536:
       return DhConfig(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2)
     return config
-  if d >= 4096 and n % 256 == 0:
+  if d >= 768 and n % 256 == 0:
     return DhConfig(block_n=256, block_k=32, epi_n=64, max_concurrent_steps=6, gather="fused",
                     num_consumers=2, consumer_split="m", h_source="gmem", epi_buffers=2)
   for steps in (4, 3, 2):
