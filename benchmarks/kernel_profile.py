@@ -107,6 +107,8 @@ def main(argv=None) -> int:
       for spec, fn in fns.items():
         _, timings = profiler.measure(fn, aggregate=False, iterations=iters)(
             *prob.args, prob.dout)
+        if iters == 1:  # measure() returns one call's list unwrapped
+          timings = [timings]
         samples[spec].extend(timings)
     per_variant = {}
     for spec, timings in samples.items():

@@ -61,7 +61,15 @@ def _expert_block(backend: ExpertKernels):
     s_grouped = scores[plan.scatter_idx]
     dh, a_prime, ds = kernels.dh(dout, w2, h, s_grouped, plan)
     dw2 = kernels.dw2(dout, a_prime, plan)
-    dx_pairs = kernels.dx_pairs(dh, w1, plan)
+    if backend.dw1_last:
+      # dX_pairs after dW2, so that dO's gathered rows (dh, dW2) are dead before the (P, d)
+      # dX_pairs is allocated: XLA otherwise may run dx_pairs first (H200 memory report,
+      # paper-1.4B-n512: both live at dh's peak). The group sizes and offsets carry the order.
+      sizes, offsets, _ = jax.lax.optimization_barrier(
+          (plan.group_sizes, plan.group_offsets, dw2))
+      dx_pairs = kernels.dx_pairs(dh, w1, plan.replace(group_sizes=sizes, group_offsets=offsets))
+    else:
+      dx_pairs = kernels.dx_pairs(dh, w1, plan)
     if backend.dw1_last:
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
       # Peak memory: x is gathered for dW1 only once dO's gathered copy (dh, dW2) and

@@ -21,10 +21,11 @@ class ExpertKernels(abc.ABC):
   """A backend: the eight kernel entry points of the expert block."""
 
   name: str = "abstract"
-  # Run dW1 (with its gather of x rows, where the backend gathers outside the kernel) after dW2
-  # and dx, behind an optimization barrier: XLA otherwise may gather x early, so that the
-  # (P, d) gathered x, the gathered dO and dX_pairs are live at once. Costs nothing on one
-  # stream; a backend whose forward gathers x with XLA loses the CSE of that gather with dW1's.
+  # Order the backward for peak memory with optimization barriers: dx_pairs after dW2 and dW1
+  # (with its gather of x rows, where the backend gathers outside the kernel) after dW2 and dx.
+  # XLA otherwise may run dx_pairs or gather x early, so that the (P, d) gathered x, the
+  # gathered dO and dX_pairs are live at once. Costs nothing on one stream; a backend whose
+  # forward gathers x with XLA loses the CSE of that gather with dW1's.
   dw1_last: bool = False
 
   def validate(self, x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array) -> None:
