@@ -455,10 +455,28 @@ def test_tiles_cover_each_group_row_once(block_m, align):
       owner[dst:dst + rows] = i
     assert (owner >= 0).all()
     assert (np.asarray(t.rows[num:]) == 0).all()
-    tile, within, valid = (np.asarray(v) for v in t.tile_of_row(go, capacity))
-    assert np.array_equal(valid, np.arange(capacity) < total)
-    assert np.array_equal(tile[valid], owner)
-    assert np.array_equal(within[valid], np.arange(total) - np.asarray(t.load)[owner])
+    # The row -> expert map given (as dh passes plan.expert_ids[plan.scatter_idx]; padding rows
+    # carry expert 0) or searched.
+    row_expert = np.concatenate([np.repeat(np.arange(e), sizes), np.zeros(capacity - total)])
+    for given in (None, jnp.asarray(row_expert, jnp.int32)):
+      tile, within, valid = (np.asarray(v) for v in t.tile_of_row(go, capacity, given))
+      assert np.array_equal(valid, np.arange(capacity) < total)
+      assert np.array_equal(tile[valid], owner)
+      assert np.array_equal(within[valid], np.arange(total) - np.asarray(t.load)[owner])
+
+
+def test_make_tiles_search_methods_agree(monkeypatch):
+  """make_tiles counts tile ends with one compare-all fusion at small E x tiles and a binary
+  search above: both give the same metadata (empty experts and one large group included)."""
+  from sonic_jax.pallas import tiles as tiles_lib
+  sizes = jnp.asarray([0, 130, 0, 0, 1, 700, 0, 64, 129, 0], jnp.int32)
+  offs = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(sizes, dtype=jnp.int32)])
+  make = lambda: tiles_lib.make_tiles(sizes, offs, block_m=64, align=8, capacity=1100)
+  small = make()
+  monkeypatch.setattr(tiles_lib, "_COMPARE_ALL_MAX", 0)
+  searched = make()
+  for a, b in zip(jax.tree.leaves(small), jax.tree.leaves(searched)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # (name, kind, d, n, GemmConfig fields): every grouped-GEMM variant the backend can pick.

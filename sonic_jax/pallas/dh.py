@@ -509,7 +509,8 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   h_ref = jax.new_ref(h)
   a_prime, ds_part = kernel(meta, lhs, w2, h_ref, scores_grouped)
   dh_out = h_ref[...]
-  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
+  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows,
+                                          plan.expert_ids[plan.scatter_idx])
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 
@@ -781,7 +782,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   dh_out = h_ref[...]
   if h_pad:
     dh_out = dh_out[:p_rows]
-  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows)
+  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows,
+                                          plan.expert_ids[plan.scatter_idx])
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 

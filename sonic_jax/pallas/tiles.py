@@ -47,18 +47,27 @@ class Tiles:
   block_m: int = dataclasses.field(metadata=dict(static=True))
   align: int = dataclasses.field(metadata=dict(static=True))
 
-  def tile_of_row(self, group_offsets: jax.Array, capacity: int):
+  def tile_of_row(self, group_offsets: jax.Array, capacity: int,
+                  row_expert: jax.Array | None = None):
     """(capacity,) grouped row p -> (tile owning p, p's row inside that tile's window, valid).
 
+    row_expert: optional (capacity,) expert of each grouped row (any in-range value on
+    padding), e.g. ``plan.expert_ids[plan.scatter_idx]``: one gather instead of a binary search
+    over group_offsets (log2 E + 1 dependent XLA kernels on a GPU).
     Rows past group_offsets[E] (padding) get valid = False and an in-range (tile, row).
     """
     num_experts = self.tile_begin.shape[0]
     p = jnp.arange(capacity, dtype=jnp.int32)
-    e = jnp.clip(jnp.searchsorted(group_offsets[1:], p, side="right"), 0, num_experts - 1)
+    if row_expert is None:
+      row_expert = jnp.searchsorted(group_offsets[1:], p, side="right")
+    e = jnp.clip(row_expert, 0, num_experts - 1)
     tile = self.tile_begin[e] + (p - self.aligned_start[e]) // self.block_m
     tile = jnp.clip(tile, 0, self.expert.shape[0] - 1)
     within = jnp.clip(p - self.load[tile], 0, self.block_m - 1)
     return tile, within, p < group_offsets[-1]
+
+
+_COMPARE_ALL_MAX = 1 << 22  # E x tiles compares in one fusion: a few microseconds
 
 
 def make_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int, align: int,
@@ -84,7 +93,11 @@ def make_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int
   tile_end = jnp.cumsum(per_expert, dtype=jnp.int32)  # inclusive
   tile_begin = tile_end - per_expert
   i = jnp.arange(n_max, dtype=jnp.int32)
-  e = jnp.minimum(jnp.searchsorted(tile_end, i, side="right"), num_experts - 1).astype(jnp.int32)
+  # One fused compare-and-count where it is small (XLA's default binary search is log2 E + 1
+  # dependent kernels of ~1-2 us each on a GPU, per call).
+  method = "compare_all" if num_experts * n_max <= _COMPARE_ALL_MAX else "scan"
+  e = jnp.minimum(jnp.searchsorted(tile_end, i, side="right", method=method),
+                  num_experts - 1).astype(jnp.int32)
   num_tiles = tile_end[-1]
   live = i < num_tiles
   win = aligned[e] + (i - tile_begin[e]) * block_m
