@@ -460,6 +460,20 @@ def test_bench_variants_parse_gathers_and_options():
     kernels_for("pallas:fused:dh-ring", 4096, 512)
 
 
+def test_bench_variants_parse_ffi_options():
+  """ffi[:<option>...] builds the FfiKernels it names (no library needed to build one)."""
+  from sonic_jax.bench.variants import kernels_for
+  from sonic_jax.ffi.backend import FfiKernels
+  assert kernels_for("ffi") == FfiKernels()
+  k = kernels_for("ffi:dw1-last:row_gather=gather")
+  assert k == FfiKernels(dw1_last=True, row_gather="gather") and k.dw1_last
+  assert kernels_for("ffi:fused-gather").fused_gather
+  with pytest.raises(SystemExit, match="unknown variant 'ffi:nope'"):
+    kernels_for("ffi:nope")
+  with pytest.raises(SystemExit, match="row_gather must be 'gather' or 'scatter'"):
+    kernels_for("ffi:row_gather=xla")
+
+
 def test_timed_fwdbwd_step_runs_the_whole_forward():
   """The layer benchmark's forward+backward (runner.fwdbwd_step) returns the layer's output, so
   XLA keeps the forward's down projection and combine, which the backward does not read: with

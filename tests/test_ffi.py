@@ -210,6 +210,12 @@ def test_ffi_kernels_row_gather_switch():
   assert "row_gather='gather'" in repr(FfiKernels(row_gather="gather"))
   with pytest.raises(ValueError, match="row_gather must be 'gather' or 'scatter', got 'xla'"):
     FfiKernels(row_gather="xla")
+  # dw1_last (peak-memory order of the backward) is part of the value, off by default.
+  assert not FfiKernels().dw1_last and FfiKernels(dw1_last=True).dw1_last
+  assert FfiKernels(dw1_last=True) != FfiKernels() and "dw1_last=True" in repr(
+      FfiKernels(dw1_last=True))
+  with pytest.raises(ValueError, match="dw1_last must be a bool"):
+    FfiKernels(dw1_last=1)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -433,6 +439,21 @@ def test_layer_gradients_with_scatter_rows_match_gather_rows(routing):
   (out, grads), (out_g, grads_g) = run(FfiKernels()), run(FfiKernels(row_gather="gather"))
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_g, np.float32))
   for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_g):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), name)
+
+
+@pytest.mark.gpu
+def test_layer_gradients_with_dw1_last_match_default():
+  """FfiKernels(dw1_last=True) only reorders the backward (dW1 re-gathers x after dW2 and dx):
+  the same output and gradients bit for bit."""
+  from tests.helpers import Problem, make_inputs, value_and_grads
+  args = make_inputs(Problem(T=1024, d=512, n=256, E=12, K=4, seed=14), jnp.bfloat16)
+  ct = jax.random.normal(jax.random.key(15), (1024, 512), jnp.bfloat16)
+  run = lambda backend: value_and_grads(
+      lambda *a: sonic_jax.moe(*a, top_k=4, backend=backend), args, ct)
+  (out, grads), (out_d, grads_d) = run(FfiKernels(dw1_last=True)), run(FfiKernels())
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_d, np.float32))
+  for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_d):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), name)
 
 

@@ -9,6 +9,9 @@ of that kernel's default config for the problem's shape replaced; kernels up_pro
 dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:fused-x``,
 ``pallas::dh-ring``, ``pallas::dh.block_n=64:dh.ctas_per_sm=2``, ``pallas::up_proj.block_k=32``,
 ``pallas::row_gather=jax_triton``.
+
+``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
+``fused-gather`` and ``row_gather=<scatter|gather>``, e.g. ``ffi:dw1-last``.
 """
 
 from __future__ import annotations
@@ -42,11 +45,36 @@ def _base_configs(kern, d: int, n: int) -> dict:
           "dw1": kern._dw1_config(d, 2 * n), "dw2": kern._dw2_config(n, d)}
 
 
+FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>")
+
+
+def _ffi_kernels(spec: str):
+  """'ffi[:<option>...]' -> FfiKernels; SystemExit on an unknown option."""
+  kw = {}
+  for o in spec.split(":")[1:]:
+    if o == "dw1-last":
+      kw["dw1_last"] = True
+    elif o == "fused-gather":
+      kw["fused_gather"] = True
+    elif o.startswith("row_gather="):
+      kw["row_gather"] = o.split("=", 1)[1]
+    elif o:
+      raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
+                       f"{', '.join(FFI_OPTIONS)}")
+  from sonic_jax.ffi.backend import FfiKernels
+  try:
+    return FfiKernels(**kw)
+  except ValueError as e:
+    raise SystemExit(f"variant {spec!r}: {e}") from None
+
+
 def kernels_for(spec: str, d: int | None = None, n: int | None = None):
   """The ExpertKernels (or backend name) that ``spec`` names for model width ``d`` and expert
   width ``n`` (needed by the config options); SystemExit on a bad spec."""
   if spec == "xla":
     return "xla"
+  if spec == "ffi" or spec.startswith("ffi:"):
+    return _ffi_kernels(spec)
   name, *rest = spec.split(":")
   gathers, opts = (rest[0] if rest else "") or "auto", rest[1:]
   row_gather = "auto"

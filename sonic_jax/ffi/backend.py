@@ -33,29 +33,43 @@ _INT32_MAX = 2**31 - 1
 
 
 class FfiKernels(ExpertKernels):
-  """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a)."""
+  """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a).
+
+  fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM.
+  row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
+  dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
+  after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
+  copy alive from the forward to dW1: 4 GiB at T=32768, d=4096, K=16). Off by default until an
+  H200 run weighs the re-gather's time against the memory.
+  """
 
   name = "ffi"
 
-  def __init__(self, fused_gather: bool = False, row_gather: str = "scatter"):
-    if not isinstance(fused_gather, bool):
-      raise ValueError(f"fused_gather must be a bool, got {fused_gather!r}")
+  def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
+               dw1_last: bool = False):
+    for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last)):
+      if not isinstance(v, bool):
+        raise ValueError(f"{arg} must be a bool, got {v!r}")
     if row_gather not in ("gather", "scatter"):
       raise ValueError(f"row_gather must be 'gather' or 'scatter', got {row_gather!r}")
     self.fused_gather = fused_gather
     self.row_gather = row_gather
+    self.dw1_last = dw1_last
+
+  def _key(self):
+    return (self.fused_gather, self.row_gather, self.dw1_last)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
   def __hash__(self):
-    return hash((type(self), self.fused_gather, self.row_gather))
+    return hash((type(self), self._key()))
 
   def __eq__(self, other):
-    return (type(other) is type(self) and other.fused_gather == self.fused_gather
-            and other.row_gather == self.row_gather)
+    return type(other) is type(self) and other._key() == self._key()
 
   def __repr__(self):
-    return f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r})"
+    return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
+            f"dw1_last={self.dw1_last})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
