@@ -62,24 +62,22 @@ def _expert_block(backend: ExpertKernels):
     dh, a_prime, ds = kernels.dh(dout, w2, h, s_grouped, plan)
     dw2 = kernels.dw2(dout, a_prime, plan)
     if backend.dw1_last:
-      # dX_pairs after dW2, so that dO's gathered rows (dh, dW2) are dead before the (P, d)
-      # dX_pairs is allocated: XLA otherwise may run dx_pairs first (H200 memory report,
-      # paper-1.4B-n512: both live at dh's peak). The group sizes and offsets carry the order.
+      # Peak memory (see ExpertKernels.dw1_last): dX_pairs only after dW2, so that dO's
+      # gathered rows (dh, dW2) are dead before the (P, d) dX_pairs is allocated (XLA ran
+      # dx_pairs first: H200 memory report, paper-1.4B-n512); x gathered for dW1 only once
+      # dX_pairs is dead too. Only small arrays go through the barriers (a large operand that
+      # stays live past one may be copied; the whole plan crashed XLA's CPU compiler inside
+      # shard_map): the group sizes and offsets, and the row indices for a gather by
+      # gather_idx or a scatter by reverse_idx.
       sizes, offsets, _ = jax.lax.optimization_barrier(
           (plan.group_sizes, plan.group_offsets, dw2))
       dx_pairs = kernels.dx_pairs(dh, w1, plan.replace(group_sizes=sizes, group_offsets=offsets))
-    else:
-      dx_pairs = kernels.dx_pairs(dh, w1, plan)
-    if backend.dw1_last:
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
-      # Peak memory: x is gathered for dW1 only once dO's gathered copy (dh, dW2) and
-      # dX_pairs are dead (see ExpertKernels.dw1_last). Only the small row indices go
-      # through the barrier (a large operand that stays live past it may be copied); both,
-      # for a gather by gather_idx or a scatter by reverse_idx.
       gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
           (plan.gather_idx, plan.reverse_idx, dx, dw2))
       dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
     else:
+      dx_pairs = kernels.dx_pairs(dh, w1, plan)
       dw1 = kernels.dw1(x, dh, plan)
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
     dscores = jnp.where(plan.valid_mask(), ds[plan.reverse_idx], 0.0).astype(scores.dtype)
