@@ -106,6 +106,10 @@ class RoutingPlan:
     """(P,) float32 scores in grouped (expert-sorted) order."""
     return self.scores[self.scatter_idx]
 
+  def grouped_expert_ids(self) -> jax.Array:
+    """(P,) int32 expert of each grouped row (0 on padding rows)."""
+    return self.expert_ids[self.scatter_idx]
+
   def replace(self, **kw) -> "RoutingPlan":
     return dataclasses.replace(self, **kw)
 

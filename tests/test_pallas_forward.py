@@ -455,7 +455,7 @@ def test_tiles_cover_each_group_row_once(block_m, align):
       owner[dst:dst + rows] = i
     assert (owner >= 0).all()
     assert (np.asarray(t.rows[num:]) == 0).all()
-    # The row -> expert map given (as dh passes plan.expert_ids[plan.scatter_idx]; padding rows
+    # The row -> expert map given (as dh passes plan.grouped_expert_ids(); padding rows
     # carry expert 0) or searched.
     row_expert = np.concatenate([np.repeat(np.arange(e), sizes), np.zeros(capacity - total)])
     for given in (None, jnp.asarray(row_expert, jnp.int32)):

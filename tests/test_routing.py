@@ -180,3 +180,16 @@ def test_fixed_top_k_only_for_token_major_plans():
   tr = sonic_jax.route_logits(logits, top_k=2, routing=sonic_jax.TokenRounding(tile=4))
   assert tr.top_k is None and tr.fixed_top_k is None
   assert plan.replace(top_k=3).fixed_top_k is None
+
+
+def test_grouped_expert_ids_follow_group_offsets():
+  """RoutingPlan.grouped_expert_ids: grouped row p belongs to the expert whose
+  [group_offsets[e], group_offsets[e + 1]) holds p; padding rows (token rounding) read 0."""
+  logits = jax.random.normal(jax.random.key(1), (40, 7))
+  for plan in (sonic_jax.route_logits(logits, top_k=3),
+               sonic_jax.route_logits(logits, top_k=3, routing=sonic_jax.TokenRounding(tile=8))):
+    offs = np.asarray(plan.group_offsets)
+    got = np.asarray(plan.grouped_expert_ids())
+    want = np.repeat(np.arange(plan.num_experts), np.diff(offs))
+    np.testing.assert_array_equal(got[:offs[-1]], want)
+    assert (got[offs[-1]:] == 0).all()

@@ -193,8 +193,8 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
   """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64.
 
   gather="xla" with d <= 1536 (where the rule below does not apply): 64-column n tiles, 3
-  stages, two CTAs per SM. With a short K loop (d / 64 steps) the serial epilogue (H in, dH and A' out) dominates a tile, and a second
-  resident CTA overlaps it (H200, layer step, dh kernel alone: d=768, n=512 0.750 -> 0.632 ms;
+  stages, two CTAs per SM. With a short K loop (d / 64 steps) the serial epilogue (H in, dH
+  and A' out) dominates a tile, and a second resident CTA overlaps it (H200, layer step, dh kernel alone: d=768, n=512 0.750 -> 0.632 ms;
   d=1536, n=512 0.592 -> 0.541 ms; at d=4096 it lost: n=1024 2.53 -> 2.94 ms, 5.44 -> 5.91 ms;
   benchmarks/results/kernel-profile-h200-2026-12-04-s9-2cta.md).
 
@@ -509,8 +509,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   h_ref = jax.new_ref(h)
   a_prime, ds_part = kernel(meta, lhs, w2, h_ref, scores_grouped)
   dh_out = h_ref[...]
-  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows,
-                                          plan.expert_ids[plan.scatter_idx])
+  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows, plan.grouped_expert_ids())
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 
@@ -782,8 +781,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   dh_out = h_ref[...]
   if h_pad:
     dh_out = dh_out[:p_rows]
-  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows,
-                                          plan.expert_ids[plan.scatter_idx])
+  tile, within, valid = tiles.tile_of_row(plan.group_offsets, p_rows, plan.grouped_expert_ids())
   ds = jnp.sum(ds_part[:, tile, within], axis=0)
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 

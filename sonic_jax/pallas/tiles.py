@@ -52,7 +52,7 @@ class Tiles:
     """(capacity,) grouped row p -> (tile owning p, p's row inside that tile's window, valid).
 
     row_expert: optional (capacity,) expert of each grouped row (any in-range value on
-    padding), e.g. ``plan.expert_ids[plan.scatter_idx]``: one gather instead of a binary search
+    padding), e.g. ``plan.grouped_expert_ids()``: one gather instead of a binary search
     over group_offsets (log2 E + 1 dependent XLA kernels on a GPU).
     Rows past group_offsets[E] (padding) get valid = False and an in-range (tile, row).
     """
