@@ -51,6 +51,7 @@ memory_report() {
     | head -n 150 | cut -c1-170
   grep -A40 "^config | variant" "$OUT/mem/report.log"
   grep -E "Error" "$OUT/mem/report.log" | head -5
+  rm -rf "$OUT/mem/xla_dump"  # XLA's dump of every compile: too many files to bring back
 }
 
 # train_mixes SECONDS CONFIGS VARIANTS: pallas_forward.py --train-mixes (the layer step with
@@ -72,7 +73,7 @@ kernel_profile() {
   timeout "$1" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters "${PROF_ITERS:-5}" \
     --rounds "${PROF_ROUNDS:-3}" --configs "$2" --variants "$3" --min-ms "$4" \
     > "$OUT/profile.log" 2>&1
-  grep -E "^==|^  (pallas|xla)|^  --|body_|dispatch|gather_fusion|Error" "$OUT/profile.log" \
+  grep -E "^==|^  (pallas|xla|ffi)|^  [0-9]+ calls|^  --|body_|dispatch|gather_fusion|Error" "$OUT/profile.log" \
     | cut -c1-150
 }
 
