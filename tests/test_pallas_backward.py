@@ -155,7 +155,16 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
                                                        h_prefetch=True),
              "fused-2wg-gmem-prefetch": dataclasses.replace(
                  DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", h_prefetch=True,
-                 epi_buffers=2)}
+                 epi_buffers=2),
+             # Swizzled staging for full row windows (one TMA per output), the ladder for
+             # ragged ones: three buffers with H from SMEM, two with H from HBM, one buffer.
+             "ring-2wg-swz": dataclasses.replace(DH_RING_CFG, block_m=128, num_consumers=2,
+                                                 epilogue_swizzle=True),
+             "fused-2wg-gmem-2buf-swz": dataclasses.replace(
+                 DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", epi_buffers=2,
+                 epilogue_swizzle=True),
+             "ring-1buf-swz": dataclasses.replace(DH_RING_CFG, epi_buffers=1,
+                                                  epilogue_swizzle=True)}
 
 # The wide ring kernel: two consumers side by side (CTA tile 128 x 256), H read from HBM into
 # registers, two staging buffers per consumer, 3 stages of block_k 64 (or 6 of 32).
@@ -296,6 +305,28 @@ def test_dh_two_ctas_per_sm_matches_xla(case):
   _assert_dh_matches(got, want, a["plan"])
 
 
+@pytest.mark.parametrize("ctas", [1, 2])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dh_swizzled_epilogue_matches_xla(case, ctas):
+  """The one-warpgroup kernel with DhConfig.epilogue_swizzle: full 64-row tiles stored through
+  the swizzled view with one TMA each, ragged ones by the ladder (straddle_e5 and one_expert_e3
+  have both)."""
+  a = _inputs(case)
+  # Two CTAs per SM fit with 64-column tiles (one epilogue chunk; DH_CFG has two).
+  cfg = DH_CFG if ctas == 1 else dataclasses.replace(DH_CFG, block_n=64, ctas_per_sm=2)
+  got, want = _run_dh(a, dataclasses.replace(cfg, epilogue_swizzle=True))
+  _assert_dh_matches(got, want, a["plan"])
+
+
+def test_dh_swizzled_epilogue_lowers_to_mosaic_gpu():
+  """dh_config_for's d <= 1536 kernel (64-column tiles, two CTAs per SM) with the swizzled
+  epilogue lowers for CUDA on the CPU host: both views of the staging buffers, their TMA stores."""
+  cfg = DhConfig(num_sms=132, block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2,
+                 epilogue_swizzle=True)
+  text = _dh_cuda_text(cfg)
+  assert "mosaic_gpu" in text
+
+
 def _dh_cuda_text(cfg: DhConfig, n: int = 128) -> str:
   """dh with ``cfg`` lowered for CUDA on the CPU host (d = 256), as text."""
   a = _inputs("straddle_e5", d=256, n=n)
@@ -347,9 +378,13 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                 dict(gather="fused"), dict(ring=True, h_prefetch=True),
                                 dict(ring=True, **WIDE_M_DH),
                                 dict(ring=True, **WIDE_M_DH, h_prefetch=True),
-                                dict(gather="fused", **WIDE_M_DH)],
+                                dict(gather="fused", **WIDE_M_DH),
+                                dict(ring=True, **WIDE_M_DH, epilogue_swizzle=True),
+                                dict(ring=True, **{**WIDE_M_DH, "block_n": 128,
+                                                   "h_source": "smem"}, epilogue_swizzle=True)],
                          ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
-                              "rows-64x256-prefetch", "fused-rows-64x256"])
+                              "rows-64x256-prefetch", "fused-rows-64x256", "rows-64x256-swz",
+                              "rows-64x128-smem-swz"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -870,6 +905,39 @@ def test_gpu_dh_fused_default_at_small_d_matches_xla(d):
   s = plan.grouped_scores()
   cfg = dh_config_for(d, 256, gather="fused")
   assert (cfg.gather, cfg.num_consumers, cfg.consumer_split, cfg.block_n) == ("fused", 2, "m", 256)
+  f = jax.jit(lambda *args: dh(*args, config=cfg))
+  got = f(a["dout"], a["w2"], a["h"], s, plan)
+  want = XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
+  for name, g, w, tol in zip(("dH", "A'", "dS"), got, want, (BF16_TOL, BF16_TOL, 1e-4)):
+    assert _rel(g, w) < tol, name
+  again = f(a["dout"], a["w2"], a["h"], s, plan)
+  for g, g2 in zip(got, again):
+    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
+
+
+# The swizzled staging (DhConfig.epilogue_swizzle) on the tiles a short K loop might run: the
+# row-split 128 x 256 ring tile with H from HBM (dO gathered by XLA or in the kernel), the
+# row-split 128 x 128 ring tile with H prefetched into SMEM, the two-CTA one-warpgroup kernel.
+SWZ_DH = {
+    "ring-rows-256-gmem": dict(ring=True, **WIDE_M_DH),
+    "fused-rows-256-gmem": dict(gather="fused", **WIDE_M_DH),
+    "ring-rows-128-smem": dict(ring=True, **{**WIDE_M_DH, "block_n": 128, "h_source": "smem"}),
+    # dh_config_for's kernel at d <= 1536 (one warpgroup, 64-column tiles, two CTAs per SM).
+    "two-ctas-64": dict(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swizzle", [True, False])
+@pytest.mark.parametrize("kind", sorted(SWZ_DH))
+def test_gpu_dh_swizzled_epilogue_matches_xla(kind, swizzle):
+  """dh with and without the swizzled epilogue at d = 768, n = 512 (groups straddle
+  the 64-row windows, so both the one-TMA and the ladder stores run) against the xla backend:
+  dH, A' and dS separately; deterministic."""
+  a = _gpu_inputs(t=4096, d=768, n=512, e=24, k=8, seed=5)
+  plan = a["plan"]
+  s = plan.grouped_scores()
+  cfg = DhConfig(**SWZ_DH[kind], epilogue_swizzle=swizzle)
   f = jax.jit(lambda *args: dh(*args, config=cfg))
   got = f(a["dout"], a["w2"], a["h"], s, plan)
   want = XLA.dh(a["dout"], a["w2"], a["h"], s, plan)

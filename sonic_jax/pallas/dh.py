@@ -107,6 +107,12 @@ class DhConfig:
   three outputs of an epilogue chunk (dH gate, dH up, A'). 3: written together, then stored;
   1 or 2: each output stored as soon as written, reusing a buffer once its store has read it,
   which leaves SMEM for a deeper ring.
+  epilogue_swizzle: each output staging buffer is a union of an untiled view (for the ragged
+  row ladder) and a swizzled (8, epi_n)-tiled view of the same bytes. A warpgroup whose rows of
+  the tile (bm_wg on the ring kernel, block_m otherwise) are all valid (the common case)
+  writes the WGMMA-layout registers through the swizzled view, free of the bank conflicts of
+  128-byte untiled rows, and stores each output with one TMA; ragged ones keep the ladder.
+  Aimed at short K loops (small d), where the epilogue dominates a tile.
   """
 
   @property
@@ -129,6 +135,7 @@ class DhConfig:
   h_source: Literal["smem", "gmem"] = "smem"
   epi_buffers: int = 3
   h_prefetch: bool = False
+  epilogue_swizzle: bool = False
 
   @property
   def block_n_cta(self) -> int:
@@ -289,11 +296,10 @@ def _epilogue_chunk(da, gate, up, s, ds, dtype, emit):
   return ds
 
 
-def _write_to(refs):
-  """emit for ``_epilogue_chunk`` writing output i to refs[i]."""
-  def emit(i, value):
-    refs[i][...] = value
-  return emit
+def _write_all(refs, c, values):
+  """Writes output i's chunk ``values[i]`` to ``refs[i].at[c]`` (chunked staging buffers)."""
+  for ref, v in zip(refs, values):
+    ref.at[c][...] = v
 
 
 def validate_dh_args(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig) -> None:
@@ -418,19 +424,42 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
                                   config.grid_block_n)
 
       def epilogue(acc, gate_smem, up_smem, s_smem, barriers, *, lo, rows, mi, ni, row_start):
-        @functools.partial(
-            pl.run_scoped,
-            # Outputs are chunked (chunk, row, col) so each chunk is a whole untiled SMEM
-            # array: the ragged row stores slice it at arbitrary rows.
-            dgate_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
-            dup_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
-            ap_smem=plgpu.SMEM((bn // epi_n, bm, epi_n), dtype),
-            ds_smem=plgpu.SMEM((bm,), _F32),
-        )
+        # Outputs are chunked (chunk, row, col) so each chunk is a whole untiled SMEM array:
+        # the ragged row stores slice it at arbitrary rows. With epilogue_swizzle each is also
+        # viewed swizzled, for the full tiles' conflict-free writes and one-TMA stores.
+        out_shape = (bn // epi_n, bm, epi_n)
+        out_alloc = (
+            (lambda: plgpu.RefUnion(plgpu.SMEM(out_shape, dtype, transforms=h_transforms),
+                                    plgpu.SMEM(out_shape, dtype)))
+            if config.epilogue_swizzle else (lambda: plgpu.SMEM(out_shape, dtype)))
+
+        @functools.partial(pl.run_scoped, dgate_smem=out_alloc(), dup_smem=out_alloc(),
+                           ap_smem=out_alloc(), ds_smem=plgpu.SMEM((bm,), _F32))
         def _(dgate_smem, dup_smem, ap_smem, ds_smem):
           for i in range(3):
             plgpu.barrier_wait(barriers.at[i])
           s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+          outs = (dgate_smem, dup_smem, ap_smem)
+          full = rows == bm  # then lo == 0: the whole tile is stored
+
+          def views(swizzled_view: bool):
+            if not config.epilogue_swizzle:
+              return outs
+            return tuple(o[0 if swizzled_view else 1] for o in outs)
+
+          def write(c, values):
+            if not config.epilogue_swizzle:
+              _write_all(views(False), c, values)
+              return
+
+            @pl.when(full)
+            def _():
+              _write_all(views(True), c, values)
+
+            @pl.when(jnp.logical_not(full))
+            def _():
+              _write_all(views(False), c, values)
+
           ds = None
           # Column chunks keep only epi_n columns of gate/up/temporaries live in registers.
           wgmma = plgpu.Layout.WGMMA
@@ -439,15 +468,34 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma)
             gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma).astype(_F32)
             up = plgpu.load(up_smem.at[:, cols], layout=wgmma).astype(_F32)
+            values = [None] * 3
             ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
-                                 _write_to((dgate_smem.at[c], dup_smem.at[c], ap_smem.at[c])))
+                                 lambda i, v: values.__setitem__(i, v))
+            write(c, values)
           ds_smem[...] = plgpu.layout_cast(ds, plgpu.Layout.WGMMA.reduce(1))
           plgpu.commit_smem()
-          for c in range(bn // epi_n):
+
+          def dsts(c):
             col = ni * bn + c * epi_n
-            _store_rows(dgate_smem.at[c], dh_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
-            _store_rows(dup_smem.at[c], dh_gmem, row_start, lo, pl.ds(n + col, epi_n), rows, bm)
-            _store_rows(ap_smem.at[c], ap_gmem, row_start, lo, pl.ds(col, epi_n), rows, bm)
+            return ((dh_gmem, col), (dh_gmem, n + col), (ap_gmem, col))
+
+          def store_ladder():
+            for c in range(bn // epi_n):
+              for o, (dst, col) in zip(views(False), dsts(c)):
+                _store_rows(o.at[c], dst, row_start, lo, pl.ds(col, epi_n), rows, bm)
+
+          if config.epilogue_swizzle:
+            @pl.when(full)
+            def _():
+              for c in range(bn // epi_n):
+                for o, (dst, col) in zip(views(True), dsts(c)):
+                  plgpu.copy_smem_to_gmem(
+                      o.at[c], dst.at[pl.ds(row_start, bm), pl.ds(pl.multiple_of(col, epi_n),
+                                                                   epi_n)])
+
+            pl.when(jnp.logical_not(full))(store_ladder)
+          else:
+            store_ladder()
           plgpu.copy_smem_to_gmem(ds_smem, dsp_gmem.at[ni, mi])
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -560,6 +608,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   k_steps = d // bk
   n_chunks = bn // epi_n
   n_bufs = config.epi_buffers
+  swizzled_epi = config.epilogue_swizzle
   scores_grouped = scores_grouped.astype(_F32)
   # The last block's window may run past P: its gather indices are padded with token 0 (a
   # valid row; those rows are computed and never stored). Pre-gathered, the TMA zero-fills.
@@ -637,7 +686,39 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       plgpu.set_max_registers(_CONSUMER_REGS[wgs], action="increase")
       wgmma_layout = plgpu.Layout.WGMMA
       base = 0 if split_n else wg * bm_wg  # this warpgroup's first row within a tile
-      s_w, out_w, ds_w = (r.at[wg] for r in (s_smem, out_smem, ds_smem))
+      s_w, ds_w = (r.at[wg] for r in (s_smem, ds_smem))
+      # Staging buffers: untiled (ragged ladder), and with epilogue_swizzle also the swizzled
+      # view of the same bytes (full row windows).
+      out_lin, out_swz = ((out_smem[1].at[wg], out_smem[0].at[wg]) if swizzled_epi
+                          else (out_smem.at[wg], None))
+
+      def stage_and_store(items, dsts, row0, off_w, rows_w):
+        """items: (output i, staging buffer b, value (bm_wg, epi_n) in the WGMMA layout). Writes
+        each value to its buffer, then TMA-stores the valid rows to output i's columns."""
+        def write_and_store(view, store):
+          for i, b, v in items:
+            view.at[b][...] = v
+          plgpu.commit_smem()
+          for i, b, _ in items:
+            dst, dcol = dsts[i]
+            store(view.at[b], dst, dcol)
+
+        def ladder(src, dst, dcol):
+          _store_rows(src, dst, row0, off_w, pl.ds(dcol, epi_n), rows_w, bm_wg)
+
+        if out_swz is None:
+          write_and_store(out_lin, ladder)
+          return
+        full = rows_w == bm_wg  # then off_w == 0: the window is this warpgroup's whole slice
+
+        @pl.when(full)
+        def _():
+          write_and_store(out_swz, lambda src, dst, dcol: plgpu.copy_smem_to_gmem(
+              src, dst.at[pl.ds(row0, bm_wg), pl.ds(pl.multiple_of(dcol, epi_n), epi_n)]))
+
+        @pl.when(jnp.logical_not(full))
+        def _():
+          write_and_store(out_lin, ladder)
 
       def tile(mi, ni, g0):
         blk = meta_gmem[1, mi]
@@ -709,22 +790,18 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           # One staged chunk (SMEM): the previous chunk's (or tile's) stores must have read it.
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           if n_bufs == 3:
+            values = [None] * 3
             ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
-                                 _write_to((out_w.at[0], out_w.at[1], out_w.at[2])))
-            plgpu.commit_smem()
-            for i, (dst, dcol) in enumerate(dsts):
-              _store_rows(out_w.at[i], dst, row0, off_w, pl.ds(dcol, epi_n), rows_w, bm_wg)
+                                 lambda i, v: values.__setitem__(i, v))
+            stage_and_store([(i, i, v) for i, v in enumerate(values)], dsts, row0, off_w,
+                            rows_w)
           else:
             def emit(i, value):
               # Fewer staging buffers than outputs: output i reuses buffer i % n_bufs once the
               # store of the output before it there has read it.
               if i >= n_bufs:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-              out_w.at[i % n_bufs][...] = value
-              plgpu.commit_smem()
-              dst, dcol = dsts[i]
-              _store_rows(out_w.at[i % n_bufs], dst, row0, off_w, pl.ds(dcol, epi_n), rows_w,
-                          bm_wg)
+              stage_and_store([(i, i % n_bufs, value)], dsts, row0, off_w, rows_w)
             ds = _epilogue_chunk(da, gate, up, s, ds, dtype, emit)
         ds_w[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
         plgpu.commit_smem()
@@ -750,7 +827,9 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       # Per consumer warpgroup: scores, the epi_buffers staging buffers of one epi_n chunk of
       # dH gate, dH up and A' (untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((wgs, bm_wg), _F32),
-      plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype),
+      (plgpu.RefUnion(plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype, transforms=h_transforms),
+                      plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype))
+       if swizzled_epi else plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype)),
       plgpu.SMEM((wgs, bm_wg), _F32),
       *([] if pregathered else [cp_async.barrier_scratch(slots, interpret=interp)]),
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
