@@ -267,16 +267,25 @@ def test_dh_config_for_fused_gather():
   for d, n in ((4096, 256), (4096, 512), (7168, 2048), (768, 256), (1536, 256), (1024, 512),
                (2048, 1024)):
     cfg = dh_config_for(d, n, gather="fused")
-    assert (cfg.gather, cfg.block_n, cfg.num_consumers, cfg.consumer_split, cfg.h_source) == (
-        "fused", 256, 2, "m", "gmem")
+    assert (cfg.gather, cfg.block_n, cfg.num_consumers, cfg.consumer_split, cfg.h_source,
+            cfg.epilogue_swizzle) == ("fused", 256, 2, "m", "gmem", True)
     assert smem_bytes(cfg) <= 220 * 1024
     validate_dh_shapes(d, n, cfg)
 
 
 def test_dh_config_for_xla_gather_two_ctas_per_sm_at_small_d():
-  """d <= 1536: 64-column tiles, 3 stages, two resident CTAs per SM (their SMEM fits twice);
-  larger d keeps one CTA with 128-column tiles; a ctas_per_sm whose SMEM cannot fit fails."""
-  for d, n in ((768, 512), (1024, 512), (1536, 384)):
+  """d < 1536 with n % 128 == 0: the row-split ring on a 128 x 128 tile, H prefetched into SMEM,
+  swizzled staging; other d <= 1536: 64-column tiles, 3 stages, two resident CTAs per SM (their
+  SMEM fits twice); d >= 1536 with n % 256 == 0: the row-split 128 x 256 ring, H from HBM;
+  other larger d keeps one CTA with 128-column tiles; a ctas_per_sm whose SMEM cannot fit
+  fails."""
+  for d, n in ((768, 512), (768, 1024), (1024, 512), (1024, 384), (512, 256)):
+    cfg = dh_config_for(d, n)
+    assert (cfg.ring, cfg.block_n, cfg.num_consumers, cfg.consumer_split, cfg.h_source,
+            cfg.epilogue_swizzle, cfg.ctas_per_sm) == (True, 128, 2, "m", "smem", True, 1)
+    assert smem_bytes(cfg) <= 220 * 1024
+    validate_dh_shapes(d, n, cfg)
+  for d, n in ((768, 192), (1024, 320), (1536, 384)):
     cfg = dh_config_for(d, n)
     assert (cfg.block_n, cfg.epi_n, cfg.max_concurrent_steps, cfg.ctas_per_sm) == (64, 64, 3, 2)
     validate_dh_shapes(d, n, cfg)
@@ -284,7 +293,7 @@ def test_dh_config_for_xla_gather_two_ctas_per_sm_at_small_d():
     cfg = dh_config_for(d, 1024)
     assert (cfg.block_n, cfg.ctas_per_sm, cfg.num_consumers, cfg.consumer_split) == (
         256, 1, 2, "m")
-    assert (cfg.ring, cfg.h_source, cfg.block_k) == (True, "gmem", 32)
+    assert (cfg.ring, cfg.h_source, cfg.block_k, cfg.epilogue_swizzle) == (True, "gmem", 32, True)
     assert smem_bytes(cfg) <= 220 * 1024
     validate_dh_shapes(d, 1024, cfg)
   for d, n in ((2048, 640), (4096, 384)):  # n % 256 != 0: the one-warpgroup 128-column kernel

@@ -16,6 +16,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
+from sonic_jax.pallas import configs
 from sonic_jax.pallas.backend import PallasKernels
 from sonic_jax.pallas.configs import CombineConfig, ForwardConfig, GemmConfig
 from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits
@@ -302,6 +303,19 @@ def test_split_m_config_rules():
   with pytest.raises(ValueError, match=r"multiple of block_n \(wg_split='m'\) \(128"):
     validate_gemm(256, 256, 192, cfg, epilogue="none", what="gemm")
   validate_gemm(256, 256, 128, cfg, epilogue="none", what="gemm")
+
+
+def test_plain_heuristic_swizzles_the_epilogue_of_short_contractions():
+  """The plain ring GEMMs (N % 256 == 0) store through the swizzled epilogue where k <= 2048
+  (down_proj at n <= 2048, dx_pairs at 2n <= 2048), and through the untiled one above."""
+  for k, n_out, transpose in ((512, 768, False), (1024, 768, True), (2048, 768, True),
+                              (2048, 7168, False), (768, 2048, False)):
+    cfg = configs.plain_gemm_config(k, n_out, transpose_rhs=transpose)
+    assert cfg.cross_tile and cfg.epilogue_swizzle, (k, n_out)
+  for k, n_out, transpose in ((4096, 4096, True), (14336, 4096, False), (3072, 2048, False)):
+    cfg = configs.plain_gemm_config(k, n_out, transpose_rhs=transpose)
+    assert cfg.cross_tile and not cfg.epilogue_swizzle, (k, n_out)
+  assert not configs.plain_gemm_config(512, 384).epilogue_swizzle  # N % 256 != 0: no ring
 
 
 def test_validate_rejects_accumulators_over_the_register_budget():

@@ -5,6 +5,7 @@ Heuristic table (bf16, H200; see docs/pallas-forward.md for the measurements beh
 | GEMM | condition | block_m x block_n x block_k | stages | warpgroups | tile width |
 | --- | --- | --- | --- | --- | --- |
 | plain (down_proj, dx_pairs) | N % 256 == 0, k >= 4096 | 128 x 256 x 32, rows split (64 x 256 per consumer), across-tiles ring | 6 | 2 consumers + 1 TMA | 16 |
+| dx_pairs (transposed W1) | N % 256 == 0, k >= 2048, k % 64 == 0 | 128 x 256 x 64, rows split, across-tiles ring | 3 | 2 consumers + 1 TMA | 8 |
 | plain | N % 256 == 0, k % 64 == 0 | 128 x 128 x 64 (CTA 128 x 256), across-tiles ring | 3 | 2 consumers + 1 TMA | 16 |
 | plain | N % 256 == 0, otherwise | 128 x 128 x 32 (CTA 128 x 256), across-tiles ring | 6 | 2 consumers + 1 TMA | 16 |
 | plain | N % 128 == 0 | 128 x 128 x 64 | 5 | 1 | 8 |
@@ -15,7 +16,8 @@ Heuristic table (bf16, H200; see docs/pallas-forward.md for the measurements beh
 | SwiGLU | otherwise | 128 x 32 (x2) x 64 | 4-5 | 1 | 8 |
 | combine | default impl "xla" (measured 4x faster); impl "mosaic": largest block_d in {256, 192, ..., 8} dividing d | 64 tokens x block_d columns | 4-slot ring | 1 | - |
 
-Stage counts keep one CTA's SMEM (ring + epilogue tiles) under 220 KiB. "Swizzled epilogue"
+Stage counts keep one CTA's SMEM (ring + epilogue tiles) under 220 KiB. The plain ring rows
+store full tiles through the swizzled epilogue where k <= 2048 (session 13). "Swizzled epilogue"
 (``epilogue_swizzle``): full tiles are stored through a swizzled SMEM tile with one TMA. ``block_k`` (64 in the single-warpgroup rows) drops to 32 when the contraction dim is not a
 multiple of 64. The across-tiles ring and row-split rows were picked by
 ``benchmarks/pallas_forward.py --down-sweep --fused-sweep`` on an H200 (2026-12-03, session 6) at
@@ -180,8 +182,13 @@ def plain_gemm_config(k: int, n: int, *, gather: GatherMode = "xla",
     # finish this one. H200, session 6 (pallas-forward-h200-2026-12-03-s6.md), against the
     # restarted pipeline (128 x 128 x 32, 6 stages): down_proj 1.846 / 2.071 ms at 30B-512,
     # 3.161 / 3.390 at 120B-2048, 7.059 / 8.498 at DeepSeek-V3-like (128 x 128 x 64, 3 stages).
+    # With a short contraction (k <= 2048) the epilogue weighs more per tile, and storing it
+    # through the swizzled view pays: H200, session 13 (kernel-profile-h200-2026-12-04-s13.md,
+    # T=40960, d=768): down_proj 0.236 / 0.240 ms (k=512), 0.203 / 0.207 (k=1024); dx_pairs
+    # 0.400 / 0.408 (k=1024), 0.367 / 0.379 (k=2048). Session 6 at 30B-512 (k=512): 1.856 /
+    # 1.871; session 7 at DeepSeek-V3-like's k=2048 (N=7168): 6.971 / 6.946, within noise.
     ring = dict(block_m=128, grid_tile_width=16, num_compute_wgs=2, gather=gather,
-                cross_tile=True)
+                cross_tile=True, epilogue_swizzle=k <= 2048)
     if transpose_rhs and k >= 2048 and k % 64 == 0:
       # The transposed rhs tile is (block_n rows of W1, block_k columns): block_k 32 makes
       # 64-byte TMA rows, block_k 64 full 128-byte swizzled rows. Rows split between the

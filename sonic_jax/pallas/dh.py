@@ -199,7 +199,15 @@ class DhConfig:
 def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") -> DhConfig:
   """Default tiling for shape (d, n): 128-column n tiles when n allows, else 64.
 
-  gather="xla" with d <= 1536 (where the rule below does not apply): 64-column n tiles, 3
+  Session 13 (kernel-profile-h200-2026-12-04-s13.md, dh kernel inside the layer step): the
+  swizzled staging (``epilogue_swizzle``) on every row-split ring tile below, and at d < 1536
+  with n % 128 == 0 the row-split ring on a 128 x 128 tile with H TMA-prefetched into SMEM:
+  T=40960, d=768: 0.561 against 0.613 ms (two CTAs per SM) at n=512, 0.519 against 0.613 at
+  n=1024; with the swizzle alone the two-CTA kernel ran 0.619 and the 128 x 256 ring tile 0.609.
+  The swizzle on the 128 x 256 tiles: 0.598 against 0.663 ms (in-kernel gather, d=768, n=256),
+  0.497 against 0.539 (d=1536, n=256), 0.485 against 0.505 (XLA gather, d=1536, n=512).
+
+  gather="xla" with d <= 1536 (where the rules below do not apply): 64-column n tiles, 3
   stages, two CTAs per SM. With a short K loop (d / 64 steps) the serial epilogue (H in, dH
   and A' out) dominates a tile, and a second resident CTA overlaps it (H200, layer step, dh kernel alone: d=768, n=512 0.750 -> 0.632 ms;
   d=1536, n=512 0.592 -> 0.541 ms; at d=4096 it lost: n=1024 2.53 -> 2.94 ms, 5.44 -> 5.91 ms;
@@ -229,16 +237,20 @@ def dh_config_for(d: int, n: int, *, gather: Literal["xla", "fused"] = "xla") ->
   5)."""
   block_n = 128 if n % 128 == 0 else 64
   config = DhConfig(block_n=block_n, epi_n=min(64, block_n))
+  # The row-split ring tiles: two consumers of 64 rows each, 6 stages of block_k 32, two
+  # staging buffers written through the swizzled view on full row windows.
+  rows_split = dict(block_k=32, epi_n=64, max_concurrent_steps=6, num_consumers=2,
+                    consumer_split="m", epi_buffers=2, epilogue_swizzle=True)
   if gather == "xla":
     if d >= 1536 and n % 256 == 0:
-      return DhConfig(block_n=256, block_k=32, epi_n=64, max_concurrent_steps=6, ring=True,
-                      num_consumers=2, consumer_split="m", h_source="gmem", epi_buffers=2)
+      return DhConfig(block_n=256, ring=True, h_source="gmem", **rows_split)
+    if d < 1536 and n % 128 == 0:
+      return DhConfig(block_n=128, ring=True, h_source="smem", **rows_split)
     if d <= 1536:
       return DhConfig(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2)
     return config
   if d >= 768 and n % 256 == 0:
-    return DhConfig(block_n=256, block_k=32, epi_n=64, max_concurrent_steps=6, gather="fused",
-                    num_consumers=2, consumer_split="m", h_source="gmem", epi_buffers=2)
+    return DhConfig(block_n=256, gather="fused", h_source="gmem", **rows_split)
   for steps in (4, 3, 2):
     fused = dataclasses.replace(config, gather="fused", max_concurrent_steps=steps)
     if smem_bytes(fused) <= SMEM_LIMIT:
