@@ -308,6 +308,13 @@ def _epilogue_chunk(da, gate, up, s, ds, dtype, emit):
   return ds
 
 
+def _collect(values: list):
+  """emit for ``_epilogue_chunk`` that keeps output i in ``values[i]`` (written later)."""
+  def emit(i, value):
+    values[i] = value
+  return emit
+
+
 def _write_all(refs, c, values):
   """Writes output i's chunk ``values[i]`` to ``refs[i].at[c]`` (chunked staging buffers)."""
   for ref, v in zip(refs, values):
@@ -481,8 +488,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             gate = plgpu.load(gate_smem.at[:, cols], layout=wgmma).astype(_F32)
             up = plgpu.load(up_smem.at[:, cols], layout=wgmma).astype(_F32)
             values = [None] * 3
-            ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
-                                 lambda i, v: values.__setitem__(i, v))
+            ds = _epilogue_chunk(da, gate, up, s, ds, dtype, _collect(values))
             write(c, values)
           ds_smem[...] = plgpu.layout_cast(ds, plgpu.Layout.WGMMA.reduce(1))
           plgpu.commit_smem()
@@ -803,8 +809,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
           if n_bufs == 3:
             values = [None] * 3
-            ds = _epilogue_chunk(da, gate, up, s, ds, dtype,
-                                 lambda i, v: values.__setitem__(i, v))
+            ds = _epilogue_chunk(da, gate, up, s, ds, dtype, _collect(values))
             stage_and_store([(i, i, v) for i, v in enumerate(values)], dsts, row0, off_w,
                             rows_w)
           else:
