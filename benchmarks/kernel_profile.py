@@ -5,7 +5,9 @@ backward with a cotangent) under CUPTI (``mosaic.gpu.profiler.measure(aggregate=
 prints each kernel's median time over the iterations, in launch order, for every variant, so a
 difference between two totals can be pinned on the kernels that cause it. The variants take
 turns in rounds (the GPU's clock drops under sustained load), and only iterations with the usual
-kernel list are compared kernel by kernel. Needs a GPU.
+kernel list are compared kernel by kernel. Each variant's line gives its per-round totals and
+its drift against the first variant (the median time ratio of the kernels both launch at the
+same position, from --min-ms up): a kernel's gain counts only beyond that. Needs a GPU.
 
   python benchmarks/kernel_profile.py --configs paper-1.4B-n512 \
       --variants pallas,pallas::dw1-early --iters 10 --out-dir /tmp/prof
@@ -40,6 +42,20 @@ def _kernel_medians(timings: list[list[tuple[str, float]]]):
   med = [statistics.median(it[i][1] for it in same) for i in range(len(usual))]
   total = statistics.median(sum(t for _, t in it) for it in timings)
   return list(usual), med, total, len(same)
+
+
+def _drift(ref_rows: list[tuple[str, float]], rows: list[tuple[str, float]],
+           min_ms: float) -> tuple[float, int]:
+  """How much slower ``rows`` ran than ``ref_rows`` overall: the median of t / t_ref over the
+  kernels at the same launch index with the same name and at least ``min_ms`` in both, and
+  their count ((nan, 0) when none match). Between variants of one run the H200 moved kernels
+  that no option touches by up to 9 % (session 13), so a single kernel's gain only counts beyond
+  this; a median leaves out the one or two kernels a variant changes."""
+  ratios = [t / t0 for (nm0, t0), (nm, t) in zip(ref_rows, rows)
+            if nm == nm0 and t0 >= min_ms and t >= min_ms]
+  if not ratios:
+    return float("nan"), 0
+  return statistics.median(ratios), len(ratios)
 
 
 def main(argv=None) -> int:
@@ -100,6 +116,7 @@ def main(argv=None) -> int:
     # seconds (session 11: unchanged kernels 3-9 % slower in the 2nd-4th variant of a
     # one-after-the-other profile), so a later variant must not be the only one timed hot.
     samples = {spec: [] for spec in fns}
+    round_totals = {spec: [] for spec in fns}
     if iters < args.iters:
       print(f"  {iters} calls per round (the outputs of {args.iters} exceed "
             f"--outputs-gib {args.outputs_gib})", flush=True)
@@ -110,16 +127,25 @@ def main(argv=None) -> int:
         if iters == 1:  # measure() returns one call's list unwrapped
           timings = [timings]
         samples[spec].extend(timings)
+        round_totals[spec].append(statistics.median(sum(t for _, t in it) for it in timings))
     per_variant = {}
     for spec, timings in samples.items():
       names, med, total, kept = _kernel_medians(timings)
       per_variant[spec] = list(zip(names, med))
       errs = errs_of[spec]
+      first = next(iter(per_variant.values()))
+      drift, n_drift = _drift(first, per_variant[spec], args.min_ms)
       records.append({"config": cfg.name, "shape": cfg.shape, "variant": spec,
                       "kernels": per_variant[spec], "total_ms": total, "rel_vs_first": errs,
-                      "rounds": args.rounds, "iters_per_round": iters,
-                      "iterations_kept": kept, "iterations": len(timings)})
+                      "round_totals_ms": round_totals[spec], "drift_vs_first": drift,
+                      "drift_kernels": n_drift, "rounds": args.rounds,
+                      "iters_per_round": iters, "iterations_kept": kept,
+                      "iterations": len(timings)})
+      rounds = "/".join(f"{t:.3f}" for t in round_totals[spec])
       print(f"  {spec}: {total:.3f} ms" + "".join(f"  rel_{k}={v:.2g}" for k, v in errs.items())
+            + f"  rounds {rounds}"
+            + (f"  drift x{drift:.3f} ({n_drift} kernels)" if per_variant[spec] is not first
+               else "")
             + (f"  ({kept} of {len(timings)} iterations had the usual kernel list)"
                if kept < len(timings) else ""), flush=True)
     del fns

@@ -529,3 +529,22 @@ def test_kernel_profile_medians_skip_shifted_iterations():
   assert names == ["up", "gather", "dh"] and kept == 3
   assert med == [7.0, 1.5, 5.0]
   assert total == pytest.approx(13.5)
+
+
+def test_kernel_profile_drift_is_the_median_ratio_of_matching_kernels():
+  """benchmarks/kernel_profile.py's drift against the first variant: the median t / t_ref over
+  kernels with the same launch index and name from min_ms up, robust to the kernel a variant
+  changes; (nan, 0) when nothing matches."""
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "kernel_profile.py")
+  spec = importlib.util.spec_from_file_location("kernel_profile", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  ref = [("up", 7.0), ("tiny", 0.01), ("down", 3.0), ("dh", 4.0), ("dw", 3.5)]
+  # Everything 5 % slower, dh 20 % faster: the drift is the unchanged kernels' 1.05.
+  var = [("up", 7.35), ("tiny", 0.5), ("down", 3.15), ("dh", 3.2), ("dw", 3.675)]
+  drift, n = mod._drift(ref, var, 0.3)
+  assert n == 4 and drift == pytest.approx(1.05)
+  assert mod._drift(ref, ref, 0.3) == (1.0, 4)
+  drift, n = mod._drift(ref, [("other", 1.0)], 0.3)
+  assert n == 0 and np.isnan(drift)
