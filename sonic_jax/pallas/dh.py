@@ -308,6 +308,18 @@ def _epilogue_chunk(da, gate, up, s, ds, dtype, emit):
   return ds
 
 
+def _on_staging_view(untiled, swizzled, full, fn) -> None:
+  """Runs ``fn(view, full_window)`` on the staging view a window's stores take: with
+  ``epilogue_swizzle`` (``swizzled`` not None) the swizzled view where ``full`` (traced: every
+  row of the window valid, stored by one TMA per output) and the untiled one elsewhere (the
+  ragged ladder slices it at any row); without it always the untiled one (``full`` unused)."""
+  if swizzled is None:
+    fn(untiled, False)
+    return
+  pl.when(full)(lambda: fn(swizzled, True))
+  pl.when(jnp.logical_not(full))(lambda: fn(untiled, False))
+
+
 def _collect(values: list):
   """emit for ``_epilogue_chunk`` that keeps output i in ``values[i]`` (written later)."""
   def emit(i, value):
@@ -460,24 +472,13 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
           s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
           outs = (dgate_smem, dup_smem, ap_smem)
           full = rows == bm  # then lo == 0: the whole tile is stored
-
-          def views(swizzled_view: bool):
-            if not config.epilogue_swizzle:
-              return outs
-            return tuple(o[0 if swizzled_view else 1] for o in outs)
+          # The three outputs' untiled views and, with epilogue_swizzle, their swizzled ones.
+          untiled, swizzled = ((tuple(o[1] for o in outs), tuple(o[0] for o in outs))
+                               if config.epilogue_swizzle else (outs, None))
 
           def write(c, values):
-            if not config.epilogue_swizzle:
-              _write_all(views(False), c, values)
-              return
-
-            @pl.when(full)
-            def _():
-              _write_all(views(True), c, values)
-
-            @pl.when(jnp.logical_not(full))
-            def _():
-              _write_all(views(False), c, values)
+            _on_staging_view(untiled, swizzled, full,
+                             lambda views, _: _write_all(views, c, values))
 
           ds = None
           # Column chunks keep only epi_n columns of gate/up/temporaries live in registers.
@@ -497,23 +498,17 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
             col = ni * bn + c * epi_n
             return ((dh_gmem, col), (dh_gmem, n + col), (ap_gmem, col))
 
-          def store_ladder():
+          def store(views, full_window):
             for c in range(bn // epi_n):
-              for o, (dst, col) in zip(views(False), dsts(c)):
-                _store_rows(o.at[c], dst, row_start, lo, pl.ds(col, epi_n), rows, bm)
-
-          if config.epilogue_swizzle:
-            @pl.when(full)
-            def _():
-              for c in range(bn // epi_n):
-                for o, (dst, col) in zip(views(True), dsts(c)):
+              for o, (dst, col) in zip(views, dsts(c)):
+                if full_window:
                   plgpu.copy_smem_to_gmem(
                       o.at[c], dst.at[pl.ds(row_start, bm), pl.ds(pl.multiple_of(col, epi_n),
                                                                    epi_n)])
+                else:
+                  _store_rows(o.at[c], dst, row_start, lo, pl.ds(col, epi_n), rows, bm)
 
-            pl.when(jnp.logical_not(full))(store_ladder)
-          else:
-            store_ladder()
+          _on_staging_view(untiled, swizzled, full, store)
           plgpu.copy_smem_to_gmem(ds_smem, dsp_gmem.at[ni, mi])
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -713,30 +708,21 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       def stage_and_store(items, dsts, row0, off_w, rows_w):
         """items: (output i, staging buffer b, value (bm_wg, epi_n) in the WGMMA layout). Writes
         each value to its buffer, then TMA-stores the valid rows to output i's columns."""
-        def write_and_store(view, store):
+        def write_and_store(view, full_window):
           for i, b, v in items:
             view.at[b][...] = v
           plgpu.commit_smem()
           for i, b, _ in items:
             dst, dcol = dsts[i]
-            store(view.at[b], dst, dcol)
+            if full_window:
+              plgpu.copy_smem_to_gmem(view.at[b], dst.at[pl.ds(row0, bm_wg),
+                                                         pl.ds(pl.multiple_of(dcol, epi_n), epi_n)])
+            else:
+              _store_rows(view.at[b], dst, row0, off_w, pl.ds(dcol, epi_n), rows_w, bm_wg)
 
-        def ladder(src, dst, dcol):
-          _store_rows(src, dst, row0, off_w, pl.ds(dcol, epi_n), rows_w, bm_wg)
-
-        if out_swz is None:
-          write_and_store(out_lin, ladder)
-          return
-        full = rows_w == bm_wg  # then off_w == 0: the window is this warpgroup's whole slice
-
-        @pl.when(full)
-        def _():
-          write_and_store(out_swz, lambda src, dst, dcol: plgpu.copy_smem_to_gmem(
-              src, dst.at[pl.ds(row0, bm_wg), pl.ds(pl.multiple_of(dcol, epi_n), epi_n)]))
-
-        @pl.when(jnp.logical_not(full))
-        def _():
-          write_and_store(out_lin, ladder)
+        # A full window (then off_w == 0) is this warpgroup's whole slice of the tile.
+        full = None if out_swz is None else rows_w == bm_wg
+        _on_staging_view(out_lin, out_swz, full, write_and_store)
 
       def tile(mi, ni, g0):
         blk = meta_gmem[1, mi]
