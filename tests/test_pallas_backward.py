@@ -850,20 +850,23 @@ def _gpu_inputs(t=4096, d=1024, n=512, e=12, k=4, seed=0):
   )
 
 
+def _check_gpu_dh(a, cfg: DhConfig | None = None) -> None:
+  """dh with ``cfg`` (None: dh_config_for's) on ``_gpu_inputs`` against the xla backend, dH, A'
+  and dS separately by relative error, then the same bits from a second call."""
+  plan = a["plan"]
+  args = (a["dout"], a["w2"], a["h"], plan.grouped_scores(), plan)
+  f = jax.jit(lambda *args: dh(*args, config=cfg))
+  got = f(*args)
+  want = XLA.dh(*args)
+  for name, g, w, tol in zip(("dH", "A'", "dS"), got, want, (BF16_TOL, BF16_TOL, 1e-4)):
+    assert _rel(g, w) < tol, name
+  for g, g2 in zip(got, f(*args)):
+    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
+
+
 @pytest.mark.gpu
 def test_gpu_dh_matches_xla():
-  a = _gpu_inputs()
-  plan = a["plan"]
-  s = plan.grouped_scores()
-  f = jax.jit(lambda *args: dh(*args))
-  got = f(a["dout"], a["w2"], a["h"], s, plan)
-  want = XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
-  assert _rel(got[2], want[2]) < 1e-4, "dS"
-  assert _rel(got[0], want[0]) < BF16_TOL, "dH"
-  assert _rel(got[1], want[1]) < BF16_TOL, "A'"
-  again = f(a["dout"], a["w2"], a["h"], s, plan)
-  for g, g2 in zip(got, again):
-    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
+  _check_gpu_dh(_gpu_inputs())
 
 
 @pytest.mark.gpu
@@ -909,19 +912,9 @@ def test_gpu_dh_fused_gather_matches_default(kind):
 def test_gpu_dh_fused_default_at_small_d_matches_xla(d):
   """dh_config_for(gather="fused") at n = 256 and d < 4096 (the row-split 128 x 256 tile since
   session 12) against the xla backend, with dH, A' and dS separately; deterministic."""
-  a = _gpu_inputs(t=4096, d=d, n=256, e=24, k=8, seed=3)
-  plan = a["plan"]
-  s = plan.grouped_scores()
   cfg = dh_config_for(d, 256, gather="fused")
   assert (cfg.gather, cfg.num_consumers, cfg.consumer_split, cfg.block_n) == ("fused", 2, "m", 256)
-  f = jax.jit(lambda *args: dh(*args, config=cfg))
-  got = f(a["dout"], a["w2"], a["h"], s, plan)
-  want = XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
-  for name, g, w, tol in zip(("dH", "A'", "dS"), got, want, (BF16_TOL, BF16_TOL, 1e-4)):
-    assert _rel(g, w) < tol, name
-  again = f(a["dout"], a["w2"], a["h"], s, plan)
-  for g, g2 in zip(got, again):
-    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
+  _check_gpu_dh(_gpu_inputs(t=4096, d=d, n=256, e=24, k=8, seed=3), cfg)
 
 
 # The swizzled staging (DhConfig.epilogue_swizzle) on the tiles a short K loop might run: the
@@ -943,18 +936,8 @@ def test_gpu_dh_swizzled_epilogue_matches_xla(kind, swizzle):
   """dh with and without the swizzled epilogue at d = 768, n = 512 (groups straddle
   the 64-row windows, so both the one-TMA and the ladder stores run) against the xla backend:
   dH, A' and dS separately; deterministic."""
-  a = _gpu_inputs(t=4096, d=768, n=512, e=24, k=8, seed=5)
-  plan = a["plan"]
-  s = plan.grouped_scores()
-  cfg = DhConfig(**SWZ_DH[kind], epilogue_swizzle=swizzle)
-  f = jax.jit(lambda *args: dh(*args, config=cfg))
-  got = f(a["dout"], a["w2"], a["h"], s, plan)
-  want = XLA.dh(a["dout"], a["w2"], a["h"], s, plan)
-  for name, g, w, tol in zip(("dH", "A'", "dS"), got, want, (BF16_TOL, BF16_TOL, 1e-4)):
-    assert _rel(g, w) < tol, name
-  again = f(a["dout"], a["w2"], a["h"], s, plan)
-  for g, g2 in zip(got, again):
-    assert np.array_equal(np.asarray(g), np.asarray(g2)), "not deterministic"
+  _check_gpu_dh(_gpu_inputs(t=4096, d=768, n=512, e=24, k=8, seed=5),
+                DhConfig(**SWZ_DH[kind], epilogue_swizzle=swizzle))
 
 
 @pytest.mark.gpu
