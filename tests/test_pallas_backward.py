@@ -164,7 +164,13 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
                  DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", epi_buffers=2,
                  epilogue_swizzle=True),
              "ring-1buf-swz": dataclasses.replace(DH_RING_CFG, epi_buffers=1,
-                                                  epilogue_swizzle=True)}
+                                                  epilogue_swizzle=True),
+             # Two producer/consumer pipelines per CTA, each with its own ring, taking
+             # alternate work items (a ping-pong of the epilogue against the other's wgmmas).
+             "ring-2pipes": dataclasses.replace(DH_RING_CFG, pipelines=2, block_n=64),
+             "fused-2pipes-gmem-swz": dataclasses.replace(
+                 DH_FUSED_CFG, pipelines=2, h_source="gmem", epi_buffers=2,
+                 epilogue_swizzle=True)}
 
 # The wide ring kernel: two consumers side by side (CTA tile 128 x 256), H read from HBM into
 # registers, two staging buffers per consumer, 3 stages of block_k 64 (or 6 of 32).
@@ -390,10 +396,17 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                 dict(gather="fused", **WIDE_M_DH),
                                 dict(ring=True, **WIDE_M_DH, epilogue_swizzle=True),
                                 dict(ring=True, **{**WIDE_M_DH, "block_n": 128,
-                                                   "h_source": "smem"}, epilogue_swizzle=True)],
+                                                   "h_source": "smem"}, epilogue_swizzle=True),
+                                dict(ring=True, **{**WIDE_M_DH, "block_m": 64, "num_consumers": 1,
+                                                   "max_concurrent_steps": 4},
+                                     pipelines=2, epilogue_swizzle=True),
+                                dict(gather="fused", **{**WIDE_M_DH, "block_m": 64,
+                                                        "num_consumers": 1,
+                                                        "max_concurrent_steps": 4},
+                                     pipelines=2, epilogue_swizzle=True)],
                          ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
                               "rows-64x256-prefetch", "fused-rows-64x256", "rows-64x256-swz",
-                              "rows-64x128-smem-swz"])
+                              "rows-64x128-smem-swz", "2pipes-64x256", "fused-2pipes-64x256"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -414,6 +427,16 @@ def test_dh_wide_validation():
     DhConfig(ring=True, h_prefetch=True)
   with pytest.raises(ValueError, match="epi_buffers must be 1, 2 or 3"):
     DhConfig(ring=True, epi_buffers=0)
+  with pytest.raises(ValueError, match="pipelines must be 1 or 2"):
+    DhConfig(ring=True, pipelines=3)
+  with pytest.raises(ValueError, match="pipelines = 2 needs the ring kernel"):
+    DhConfig(pipelines=2)
+  with pytest.raises(ValueError, match="pipelines = 2 needs the ring kernel"):
+    DhConfig(ring=True, pipelines=2, num_consumers=2, block_m=128)
+  # Each pipeline holds its own ring and staging: twice the SMEM of one.
+  one = DhConfig(ring=True, block_m=64, block_n=256, block_k=32, max_concurrent_steps=4,
+                 h_source="gmem", epi_buffers=2)
+  assert smem_bytes(dataclasses.replace(one, pipelines=2)) == 2 * smem_bytes(one)
   # Two staging buffers instead of three leave room for the third stage.
   assert smem_bytes(DhConfig(ring=True, **{**WIDE_DH, "epi_buffers": 3})) > 220 * 1024
   # H from HBM frees 2 x 64 KiB of SMEM: the same tiles with H in SMEM do not fit.
@@ -926,6 +949,10 @@ SWZ_DH = {
     "ring-rows-128-smem": dict(ring=True, **{**WIDE_M_DH, "block_n": 128, "h_source": "smem"}),
     # dh_config_for's kernel at d <= 1536 (one warpgroup, 64-column tiles, two CTAs per SM).
     "two-ctas-64": dict(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2),
+    # Two producer/consumer pipelines per CTA (DhConfig.pipelines, opt-in), 64 x 256 tiles.
+    "ring-2pipes-64x256": dict(ring=True, pipelines=2, **{**WIDE_M_DH, "block_m": 64,
+                                                         "num_consumers": 1,
+                                                         "max_concurrent_steps": 4}),
 }
 
 

@@ -222,21 +222,29 @@ def wait_gathered(bars, *, slot, parity, interpret: bool) -> None:
   _wait(bars, slot, parity)
 
 
-def wait_stage(full, full_gathered, *, g, slots: int, interpret: bool):
+def wait_stage(full, full_gathered, *, g, slots: int, interpret: bool, base=0):
   """Consumer side of step ``g`` of a cross-tile ring of ``slots`` stages: waits for the stage's
   TMA barrier ``full`` and, when it also holds gathered rows (``full_gathered`` not None), for
-  their cp.async barrier (phase parity (g // slots) % 2). Returns the slot, g % slots."""
+  their cp.async barrier (phase parity (g // slots) % 2). Returns the slot, g % slots.
+
+  base: the ring's first slot in the barrier and SMEM arrays, for a kernel holding several
+  rings side by side (then the slot returned is base + g % slots)."""
   slot = lax.rem(g, slots)
+  if not (isinstance(base, int) and base == 0):
+    slot = base + slot
   plgpu.barrier_wait(full.at[slot])
   if full_gathered is not None:
     wait_gathered(full_gathered, slot=slot, parity=lax.rem(g // slots, 2), interpret=interpret)
   return slot
 
 
-def drain_releases(empty, total, slots: int) -> None:
+def drain_releases(empty, total, slots: int, base=0) -> None:
   """Producer side, after its last step: observes the consumers' releases of the last
   ``slots`` stages of a ring that ran ``total`` steps, so every barrier phase has been awaited
-  when the barriers are freed (the interpreter checks this)."""
+  when the barriers are freed (the interpreter checks this). base: as in ``wait_stage``."""
   @pl.loop(jnp.maximum(total - slots, 0), total)
   def _released(g):
-    plgpu.barrier_wait(empty.at[lax.rem(g, slots)])
+    slot = lax.rem(g, slots)
+    if not (isinstance(base, int) and base == 0):
+      slot = base + slot
+    plgpu.barrier_wait(empty.at[slot])

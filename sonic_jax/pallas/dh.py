@@ -113,6 +113,12 @@ class DhConfig:
   writes the WGMMA-layout registers through the swizzled view, free of the bank conflicts of
   128-byte untiled rows, and stores each output with one TMA; ragged ones keep the ladder.
   Aimed at short K loops (small d), where the epilogue dominates a tile.
+  pipelines: (ring kernel, one consumer) independent producer/consumer pairs in one CTA, each
+  with its own ring of max_concurrent_steps stages and taking every pipelines-th work item of
+  the CTA, so one consumer's epilogue runs while the other's wgmmas do (a ping-pong by
+  pipelines: the consumers of a shared ring would have to skip each other's stages, which
+  Pallas barriers' per-thread phase tracking cannot). 2: four warpgroups, registers 40 per
+  producer and 216 per consumer thread. Opt-in: not yet timed on a GPU.
   """
 
   @property
@@ -136,6 +142,7 @@ class DhConfig:
   epi_buffers: int = 3
   h_prefetch: bool = False
   epilogue_swizzle: bool = False
+  pipelines: int = 1
 
   @property
   def block_n_cta(self) -> int:
@@ -187,6 +194,12 @@ class DhConfig:
     if self.h_prefetch and self.h_source != "gmem":
       raise ValueError("DhConfig.h_prefetch needs h_source = 'gmem' (the SMEM H tiles are "
                        "prefetched by TMA already)")
+    if self.pipelines not in (1, 2):
+      raise ValueError(f"DhConfig.pipelines must be 1 or 2, got {self.pipelines!r}")
+    if self.pipelines == 2 and (not self.warp_specialized or self.num_consumers != 1):
+      raise ValueError(f"DhConfig.pipelines = 2 needs the ring kernel (gather='fused' or "
+                       f"ring=True) with num_consumers = 1, got gather={self.gather!r}, "
+                       f"ring={self.ring}, num_consumers={self.num_consumers}")
     if self.h_source == "gmem" and not self.warp_specialized:
       raise ValueError("DhConfig.h_source = 'gmem' needs the ring kernel (gather='fused' or "
                        "ring=True)")
@@ -370,7 +383,7 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
   gather="fused" or ring=True: the ring runs across tiles (the producer fills the next tile's
   stages during this tile's epilogue), so nothing is reused: the ring + per consumer its H
   tiles (none with h_source="gmem"), scores, epi_buffers staging buffers of one epi_n chunk and
-  the dS row."""
+  the dS row; all of it once per pipeline."""
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   h_tiles = 2 * bm * bn * itemsize + bm * 4
   ring = config.max_concurrent_steps * (bm * bk + config.block_n_cta * bk) * itemsize
@@ -381,7 +394,7 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
     bm_wg = bm if config.consumer_split == "n" else bm // wgs
     h_wg = 2 * bm_wg * bn * itemsize if config.h_source == "smem" else 0
     staged = config.epi_buffers * bm_wg * config.epi_n * itemsize
-    return ring + wgs * (h_wg + bm_wg * 4 + staged + bm_wg * 4)
+    return config.pipelines * (ring + wgs * (h_wg + bm_wg * 4 + staged + bm_wg * 4))
   outputs = 3 * bm * bn * itemsize + bm * 4
   return h_tiles + max(ring, outputs)
 
@@ -576,8 +589,13 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
 
 
 _PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused gather
-# Per thread of each consumer warpgroup: (512 - 40) over one (capped like up_proj) or two.
-_CONSUMER_REGS = {1: 240, 2: 232}
+
+
+def _consumer_regs(consumers: int, producers: int) -> int:
+  """setmaxnreg count per consumer thread: what the producers leave of an SM's 64K registers
+  (512 per lane of a warpgroup), shared by the consumer warpgroups, a multiple of 8, capped at
+  240 (like up_proj): 240 for one consumer, 232 for two, 216 for two pipelines of one."""
+  return min(240, (512 - _PRODUCER_REGS * producers) // consumers // 8 * 8)
 
 
 def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, interpret,
@@ -605,7 +623,10 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   p_rows = plan.capacity
   bm, bn, bk, epi_n = config.block_m, config.block_n, config.block_k, config.epi_n
   slots = config.max_concurrent_steps
-  wgs = config.num_consumers
+  wgs = config.num_consumers  # per pipeline
+  pipes = config.pipelines
+  n_cons = pipes * wgs  # consumer warpgroups 0 .. n_cons - 1, then one producer per pipeline
+  n_ctas = persistent_ctas(config.num_sms, bool(interpret)) * config.ctas_per_sm
   split_n = config.consumer_split == "n" and wgs > 1
   h_from_gmem = config.h_source == "gmem"
   bm_wg = bm if split_n else bm // wgs  # rows of a tile per consumer warpgroup
@@ -653,19 +674,36 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
     wg = lax.axis_index("wg")
     num_tiles = meta_gmem[4, 0]
     if not pregathered:
-      cp_async.init_barriers(full_a, slots, interpret=interp)
+      cp_async.init_barriers(full_a, pipes * slots, interpret=interp)
 
-    def tiles_loop(tile_body):
-      @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
-      def _loop(info: plgpu.NDLoopInfo, carry):
-        mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1, config.grid_block_n)
-        tile_body(mi, ni, carry)
-        return carry + k_steps  # global k step of this CTA: the ring position
-      return _loop
+    def tiles_loop(tile_body, pipe):
+      """Runs tile_body(mi, ni, g0) over this pipeline's work items (g0: its ring position);
+      returns the ring steps it ran."""
+      if pipes == 1:
+        @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
+        def _loop(info: plgpu.NDLoopInfo, carry):
+          mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1,
+                                      config.grid_block_n)
+          tile_body(mi, ni, carry)
+          return carry + k_steps  # global k step of this CTA: the ring position
+        return _loop
+      # Each pipeline is a virtual CTA: items first, first + stride, ... of the snake order.
+      first = lax.axis_index("sm") * pipes + pipe
+      stride = n_ctas * pipes
+      n_local = jnp.maximum(num_tiles * grid_n - first + stride - 1, 0) // stride
 
-    @pl.when(wg == wgs)
+      @pl.loop(0, n_local)
+      def _(it):
+        mi, ni = plgpu.planar_snake(first + it * stride, (num_tiles, grid_n), 1,
+                                    config.grid_block_n)
+        tile_body(mi, ni, it * k_steps)
+      return n_local * k_steps
+
+    @pl.when(wg == n_cons if pipes == 1 else wg >= n_cons)
     def _producer():
       plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
+      pipe = 0 if pipes == 1 else wg - n_cons
+      ring0 = 0 if pipes == 1 else pipe * slots  # this pipeline's first slot
 
       def tile(mi, ni, g0):
         e = meta_gmem[0, mi]
@@ -674,7 +712,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         @pl.loop(0, k_steps)
         def _k(kk):
           g = g0 + kk
-          slot = lax.rem(g, slots)
+          slot = lax.rem(g, slots) if pipes == 1 else ring0 + lax.rem(g, slots)
 
           @pl.when(g >= slots)
           def _():
@@ -690,15 +728,22 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             cp_async.issue_gather(gidx_gmem, dout_gmem, a_ring, full_a, slot=slot, row0=row0,
                                   k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
 
-      total = tiles_loop(tile)
+      total = tiles_loop(tile, pipe)
 
-      cp_async.drain_releases(empty, total, slots)
+      cp_async.drain_releases(empty, total, slots, base=ring0)
 
-    @pl.when(wg < wgs)
+    @pl.when(wg < n_cons)
     def _consumer():
-      plgpu.set_max_registers(_CONSUMER_REGS[wgs], action="increase")
+      plgpu.set_max_registers(_consumer_regs(n_cons, pipes), action="increase")
       wgmma_layout = plgpu.Layout.WGMMA
-      base = 0 if split_n else wg * bm_wg  # this warpgroup's first row within a tile
+      # wg indexes the per-consumer scratch; within its pipeline the consumer is warpgroup cw.
+      pipe, cw = (0, wg) if pipes == 1 else (wg // wgs, wg % wgs)
+      ring0 = 0 if pipes == 1 else pipe * slots
+
+      def ring_slot(slot):  # a slot of this pipeline's ring -> its index in the shared arrays
+        return slot if pipes == 1 else ring0 + slot
+
+      base = 0 if split_n else cw * bm_wg  # this warpgroup's first row within a tile
       s_w, ds_w = (r.at[wg] for r in (s_smem, ds_smem))
       # Staging buffers: untiled (ragged ladder), and with epilogue_swizzle also the swizzled
       # view of the same bytes (full row windows).
@@ -736,7 +781,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         rows_w = jnp.maximum(jnp.minimum(lo + rows, base + bm_wg) - lo_w, 0)
         off_w = jnp.where(rows_w > 0, lo_w - base, 0)
         # This warpgroup's first column of n (its block_n columns of the CTA tile).
-        col0 = ni * bn_cta + (wg * bn if split_n else 0)
+        col0 = ni * bn_cta + (cw * bn if split_n else 0)
         bars = [h_bars.at[wg * 3 + i] for i in range(3)]
         # The previous tile's epilogue has read gate/up into registers (its commit_smem fenced
         # and synchronized the warpgroup), so the TMA may overwrite them.
@@ -751,17 +796,18 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           @pl.loop(0, k_steps)
           def _k(kk):
             g = g0 + kk
-            slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp)
+            slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp,
+                                       base=ring0)
             a_tile = a_ring.at[slot] if bm_wg == bm else a_ring.at[slot, pl.ds(base, bm_wg)]
-            b_tile = b_ring.at[slot, wg if split_n else 0]
+            b_tile = b_ring.at[slot, cw if split_n else 0]
             plgpu.wgmma(acc_ref, a_tile, b_tile.T)
             plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
 
             @pl.when(kk > 0)
             def _():
-              plgpu.barrier_arrive(empty.at[lax.rem(g - 1 + slots, slots)])
+              plgpu.barrier_arrive(empty.at[ring_slot(lax.rem(g - 1 + slots, slots))])
           acc = acc_ref[...]  # waits for every wgmma of the tile
-          plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
+          plgpu.barrier_arrive(empty.at[ring_slot(lax.rem(g0 + k_steps - 1, slots))])
           return acc
 
         def h_chunk(c):
@@ -809,36 +855,38 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         ds_w[...] = plgpu.layout_cast(ds, wgmma_layout.reduce(1))
         plgpu.commit_smem()
         # dS partials per block_n columns: with split_n each consumer writes its own row.
-        n_part = ni * wgs + wg if split_n else ni
+        n_part = ni * wgs + cw if split_n else ni
         plgpu.copy_smem_to_gmem(ds_w, dsp_gmem.at[n_part, mi, pl.ds(base, bm_wg)])
 
-      tiles_loop(tile)
+      tiles_loop(tile, pipe)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   h_scratch = [] if h_from_gmem else [
       # Per consumer warpgroup: H gate, H up.
-      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
-      plgpu.SMEM((wgs, bm_wg, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((n_cons, bm_wg, bn), dtype, transforms=h_transforms),
+      plgpu.SMEM((n_cons, bm_wg, bn), dtype, transforms=h_transforms),
   ]
   scratch = [
       # Untiled in the interpreter (it checks no layouts and its row copies need none); the
       # TMA-fed ring's layout is left to Mosaic GPU's inference.
-      plgpu.SMEM((slots, bm, bk), dtype,
+      plgpu.SMEM((pipes * slots, bm, bk), dtype,
                  transforms=() if interp or pregathered else cp_async.a_transforms(bk, itemsize)),
-      plgpu.SMEM((slots, b_parts, bn, bk), dtype),
+      plgpu.SMEM((pipes * slots, b_parts, bn, bk), dtype),
       *h_scratch,
       # Per consumer warpgroup: scores, the epi_buffers staging buffers of one epi_n chunk of
       # dH gate, dH up and A' (untiled: the ragged stores slice any row), the dS row.
-      plgpu.SMEM((wgs, bm_wg), _F32),
-      (plgpu.RefUnion(plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype, transforms=h_transforms),
-                      plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype))
-       if swizzled_epi else plgpu.SMEM((wgs, n_bufs, bm_wg, epi_n), dtype)),
-      plgpu.SMEM((wgs, bm_wg), _F32),
-      *([] if pregathered else [cp_async.barrier_scratch(slots, interpret=interp)]),
+      plgpu.SMEM((n_cons, bm_wg), _F32),
+      (plgpu.RefUnion(plgpu.SMEM((n_cons, n_bufs, bm_wg, epi_n), dtype, transforms=h_transforms),
+                      plgpu.SMEM((n_cons, n_bufs, bm_wg, epi_n), dtype))
+       if swizzled_epi else plgpu.SMEM((n_cons, n_bufs, bm_wg, epi_n), dtype)),
+      plgpu.SMEM((n_cons, bm_wg), _F32),
+      *([] if pregathered else [cp_async.barrier_scratch(pipes * slots, interpret=interp)]),
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
-      plgpu.Barrier(num_arrivals=b_parts + (1 if pregathered else 0), num_barriers=slots),
-      plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' release
-      plgpu.Barrier(num_arrivals=1, num_barriers=3 * wgs),  # H gate, H up, scores per consumer
+      plgpu.Barrier(num_arrivals=b_parts + (1 if pregathered else 0),
+                    num_barriers=pipes * slots),
+      # empty: the release by the pipeline's consumers
+      plgpu.Barrier(num_arrivals=wgs, num_barriers=pipes * slots),
+      plgpu.Barrier(num_arrivals=1, num_barriers=3 * n_cons),  # H gate, H up, scores per consumer
   ]
   kernel = plgpu.kernel(
       body,
@@ -846,7 +894,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                 jax.ShapeDtypeStruct((n // bn, tiles_max, bm), _F32)),
       grid=(persistent_ctas(config.num_sms, interp) * config.ctas_per_sm,),
       grid_names=("sm",),
-      num_threads=wgs + 1,
+      num_threads=n_cons + pipes,
       thread_name="wg",
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
