@@ -222,16 +222,22 @@ def wait_gathered(bars, *, slot, parity, interpret: bool) -> None:
   _wait(bars, slot, parity)
 
 
+def ring_slot(g, slots: int, base=0):
+  """The slot of step ``g`` of a ring of ``slots`` stages, g % slots, offset by ``base``: the
+  ring's first slot in barrier and SMEM arrays that hold several rings side by side (a
+  Python 0, the single-ring case, adds no operation)."""
+  slot = lax.rem(g, slots)
+  return slot if isinstance(base, int) and base == 0 else base + slot
+
+
 def wait_stage(full, full_gathered, *, g, slots: int, interpret: bool, base=0):
   """Consumer side of step ``g`` of a cross-tile ring of ``slots`` stages: waits for the stage's
   TMA barrier ``full`` and, when it also holds gathered rows (``full_gathered`` not None), for
   their cp.async barrier (phase parity (g // slots) % 2). Returns the slot, g % slots.
 
   base: the ring's first slot in the barrier and SMEM arrays, for a kernel holding several
-  rings side by side (then the slot returned is base + g % slots)."""
-  slot = lax.rem(g, slots)
-  if not (isinstance(base, int) and base == 0):
-    slot = base + slot
+  rings side by side (then the slot returned is base + g % slots; ``ring_slot``)."""
+  slot = ring_slot(g, slots, base)
   plgpu.barrier_wait(full.at[slot])
   if full_gathered is not None:
     wait_gathered(full_gathered, slot=slot, parity=lax.rem(g // slots, 2), interpret=interpret)
@@ -244,7 +250,4 @@ def drain_releases(empty, total, slots: int, base=0) -> None:
   when the barriers are freed (the interpreter checks this). base: as in ``wait_stage``."""
   @pl.loop(jnp.maximum(total - slots, 0), total)
   def _released(g):
-    slot = lax.rem(g, slots)
-    if not (isinstance(base, int) and base == 0):
-      slot = base + slot
-    plgpu.barrier_wait(empty.at[slot])
+    plgpu.barrier_wait(empty.at[ring_slot(g, slots, base)])

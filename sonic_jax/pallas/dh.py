@@ -321,6 +321,21 @@ def _epilogue_chunk(da, gate, up, s, ds, dtype, emit):
   return ds
 
 
+def _staging_smem(shape, dtype, transforms, swizzled: bool):
+  """SMEM for epilogue staging buffers: untiled (the ragged ladder slices it at any row), or
+  with ``swizzled`` a union of a ``transforms`` (tiled, swizzled) view and the untiled view of
+  the same bytes; ``_staging_views`` splits it."""
+  if not swizzled:
+    return plgpu.SMEM(shape, dtype)
+  return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=transforms),
+                        plgpu.SMEM(shape, dtype))
+
+
+def _staging_views(ref, swizzled: bool):
+  """A ``_staging_smem`` buffer -> (untiled view, swizzled view or None)."""
+  return (ref[1], ref[0]) if swizzled else (ref, None)
+
+
 def _on_staging_view(untiled, swizzled, full, fn) -> None:
   """Runs ``fn(view, full_window)`` on the staging view a window's stores take: with
   ``epilogue_swizzle`` (``swizzled`` not None) the swizzled view where ``full`` (traced: every
@@ -471,11 +486,9 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
         # Outputs are chunked (chunk, row, col) so each chunk is a whole untiled SMEM array:
         # the ragged row stores slice it at arbitrary rows. With epilogue_swizzle each is also
         # viewed swizzled, for the full tiles' conflict-free writes and one-TMA stores.
-        out_shape = (bn // epi_n, bm, epi_n)
-        out_alloc = (
-            (lambda: plgpu.RefUnion(plgpu.SMEM(out_shape, dtype, transforms=h_transforms),
-                                    plgpu.SMEM(out_shape, dtype)))
-            if config.epilogue_swizzle else (lambda: plgpu.SMEM(out_shape, dtype)))
+        def out_alloc():
+          return _staging_smem((bn // epi_n, bm, epi_n), dtype, h_transforms,
+                               config.epilogue_swizzle)
 
         @functools.partial(pl.run_scoped, dgate_smem=out_alloc(), dup_smem=out_alloc(),
                            ap_smem=out_alloc(), ds_smem=plgpu.SMEM((bm,), _F32))
@@ -483,11 +496,11 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
           for i in range(3):
             plgpu.barrier_wait(barriers.at[i])
           s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
-          outs = (dgate_smem, dup_smem, ap_smem)
           full = rows == bm  # then lo == 0: the whole tile is stored
           # The three outputs' untiled views and, with epilogue_swizzle, their swizzled ones.
-          untiled, swizzled = ((tuple(o[1] for o in outs), tuple(o[0] for o in outs))
-                               if config.epilogue_swizzle else (outs, None))
+          untiled, swizzled = zip(*(_staging_views(o, config.epilogue_swizzle)
+                                    for o in (dgate_smem, dup_smem, ap_smem)))
+          swizzled = swizzled if config.epilogue_swizzle else None
 
           def write(c, values):
             _on_staging_view(untiled, swizzled, full,
@@ -712,7 +725,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         @pl.loop(0, k_steps)
         def _k(kk):
           g = g0 + kk
-          slot = lax.rem(g, slots) if pipes == 1 else ring0 + lax.rem(g, slots)
+          slot = cp_async.ring_slot(g, slots, ring0)
 
           @pl.when(g >= slots)
           def _():
@@ -738,17 +751,13 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       wgmma_layout = plgpu.Layout.WGMMA
       # wg indexes the per-consumer scratch; within its pipeline the consumer is warpgroup cw.
       pipe, cw = (0, wg) if pipes == 1 else (wg // wgs, wg % wgs)
-      ring0 = 0 if pipes == 1 else pipe * slots
-
-      def ring_slot(slot):  # a slot of this pipeline's ring -> its index in the shared arrays
-        return slot if pipes == 1 else ring0 + slot
-
+      ring0 = 0 if pipes == 1 else pipe * slots  # this pipeline's first slot
       base = 0 if split_n else cw * bm_wg  # this warpgroup's first row within a tile
       s_w, ds_w = (r.at[wg] for r in (s_smem, ds_smem))
       # Staging buffers: untiled (ragged ladder), and with epilogue_swizzle also the swizzled
       # view of the same bytes (full row windows).
-      out_lin, out_swz = ((out_smem[1].at[wg], out_smem[0].at[wg]) if swizzled_epi
-                          else (out_smem.at[wg], None))
+      out_lin, out_swz = (None if v is None else v.at[wg]
+                          for v in _staging_views(out_smem, swizzled_epi))
 
       def stage_and_store(items, dsts, row0, off_w, rows_w):
         """items: (output i, staging buffer b, value (bm_wg, epi_n) in the WGMMA layout). Writes
@@ -805,9 +814,9 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
 
             @pl.when(kk > 0)
             def _():
-              plgpu.barrier_arrive(empty.at[ring_slot(lax.rem(g - 1 + slots, slots))])
+              plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, ring0)])
           acc = acc_ref[...]  # waits for every wgmma of the tile
-          plgpu.barrier_arrive(empty.at[ring_slot(lax.rem(g0 + k_steps - 1, slots))])
+          plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g0 + k_steps - 1, slots, ring0)])
           return acc
 
         def h_chunk(c):
@@ -876,9 +885,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       # Per consumer warpgroup: scores, the epi_buffers staging buffers of one epi_n chunk of
       # dH gate, dH up and A' (untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((n_cons, bm_wg), _F32),
-      (plgpu.RefUnion(plgpu.SMEM((n_cons, n_bufs, bm_wg, epi_n), dtype, transforms=h_transforms),
-                      plgpu.SMEM((n_cons, n_bufs, bm_wg, epi_n), dtype))
-       if swizzled_epi else plgpu.SMEM((n_cons, n_bufs, bm_wg, epi_n), dtype)),
+      _staging_smem((n_cons, n_bufs, bm_wg, epi_n), dtype, h_transforms, swizzled_epi),
       plgpu.SMEM((n_cons, bm_wg), _F32),
       *([] if pregathered else [cp_async.barrier_scratch(pipes * slots, interpret=interp)]),
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
@@ -892,7 +899,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       body,
       out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
                 jax.ShapeDtypeStruct((n // bn, tiles_max, bm), _F32)),
-      grid=(persistent_ctas(config.num_sms, interp) * config.ctas_per_sm,),
+      grid=(n_ctas,),
       grid_names=("sm",),
       num_threads=n_cons + pipes,
       thread_name="wg",
