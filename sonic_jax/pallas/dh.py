@@ -58,6 +58,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from sonic_jax.pallas import cp_async
 from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.grid import persistent_ctas
+from sonic_jax.pallas.grouped_gemm import staging_smem, staging_views
 from sonic_jax.routing import RoutingPlan
 
 _F32 = jnp.float32
@@ -321,21 +322,6 @@ def _epilogue_chunk(da, gate, up, s, ds, dtype, emit):
   return ds
 
 
-def _staging_smem(shape, dtype, transforms, swizzled: bool):
-  """SMEM for epilogue staging buffers: untiled (the ragged ladder slices it at any row), or
-  with ``swizzled`` a union of a ``transforms`` (tiled, swizzled) view and the untiled view of
-  the same bytes; ``_staging_views`` splits it."""
-  if not swizzled:
-    return plgpu.SMEM(shape, dtype)
-  return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=transforms),
-                        plgpu.SMEM(shape, dtype))
-
-
-def _staging_views(ref, swizzled: bool):
-  """A ``_staging_smem`` buffer -> (untiled view, swizzled view or None)."""
-  return (ref[1], ref[0]) if swizzled else (ref, None)
-
-
 def _on_staging_view(untiled, swizzled, full, fn) -> None:
   """Runs ``fn(view, full_window)`` on the staging view a window's stores take: with
   ``epilogue_swizzle`` (``swizzled`` not None) the swizzled view where ``full`` (traced: every
@@ -487,7 +473,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
         # the ragged row stores slice it at arbitrary rows. With epilogue_swizzle each is also
         # viewed swizzled, for the full tiles' conflict-free writes and one-TMA stores.
         def out_alloc():
-          return _staging_smem((bn // epi_n, bm, epi_n), dtype, h_transforms,
+          return staging_smem((bn // epi_n, bm, epi_n), dtype, h_transforms,
                                config.epilogue_swizzle)
 
         @functools.partial(pl.run_scoped, dgate_smem=out_alloc(), dup_smem=out_alloc(),
@@ -498,7 +484,7 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
           s = plgpu.load(s_smem, layout=plgpu.Layout.WGMMA.reduce(1))
           full = rows == bm  # then lo == 0: the whole tile is stored
           # The three outputs' untiled views and, with epilogue_swizzle, their swizzled ones.
-          untiled, swizzled = zip(*(_staging_views(o, config.epilogue_swizzle)
+          untiled, swizzled = zip(*(staging_views(o, config.epilogue_swizzle)
                                     for o in (dgate_smem, dup_smem, ap_smem)))
           swizzled = swizzled if config.epilogue_swizzle else None
 
@@ -757,7 +743,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       # Staging buffers: untiled (ragged ladder), and with epilogue_swizzle also the swizzled
       # view of the same bytes (full row windows).
       out_lin, out_swz = (None if v is None else v.at[wg]
-                          for v in _staging_views(out_smem, swizzled_epi))
+                          for v in staging_views(out_smem, swizzled_epi))
 
       def stage_and_store(items, dsts, row0, off_w, rows_w):
         """items: (output i, staging buffer b, value (bm_wg, epi_n) in the WGMMA layout). Writes
@@ -885,7 +871,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       # Per consumer warpgroup: scores, the epi_buffers staging buffers of one epi_n chunk of
       # dH gate, dH up and A' (untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((n_cons, bm_wg), _F32),
-      _staging_smem((n_cons, n_bufs, bm_wg, epi_n), dtype, h_transforms, swizzled_epi),
+      staging_smem((n_cons, n_bufs, bm_wg, epi_n), dtype, h_transforms, swizzled_epi),
       plgpu.SMEM((n_cons, bm_wg), _F32),
       *([] if pregathered else [cp_async.barrier_scratch(pipes * slots, interpret=interp)]),
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)

@@ -65,6 +65,22 @@ def _ragged_store(smem, gmem, *, off, rows, dst_row, max_rows: int):
     size //= 2
 
 
+def staging_smem(shape, dtype, transforms, swizzled: bool):
+  """SMEM for epilogue staging buffers (grouped_gemm's and dh's): untiled (the ragged store
+  ladder slices it at any row), or with ``swizzled`` a union of a ``transforms`` (tiled,
+  swizzled) view and the untiled view of the same bytes, for full tiles' conflict-free register
+  stores and one-TMA copies; ``staging_views`` splits it."""
+  if not swizzled:
+    return plgpu.SMEM(shape, dtype)
+  return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=transforms),
+                        plgpu.SMEM(shape, dtype))
+
+
+def staging_views(ref, swizzled: bool):
+  """A ``staging_smem`` buffer -> (untiled view, swizzled view or None)."""
+  return (ref[1], ref[0]) if swizzled else (ref, None)
+
+
 def _swiglu_f32(g, u):
   # silu(g) * u on the fp32 accumulators; exp(-g) -> inf for very negative g gives -0, not NaN.
   return g / (1.0 + jnp.exp(-g)) * u
@@ -228,12 +244,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
                     plgpu.SwizzleTransform(epi_swizzle))
 
   def epi_alloc(shape):
-    """SMEM for the epilogue tiles: untiled (any row slice, for the ragged ladder), or with
-    ``epilogue_swizzle`` a union of that and a swizzled view of the same bytes (full tiles)."""
-    if not swizzled:
-      return plgpu.SMEM(shape, dtype)
-    return plgpu.RefUnion(plgpu.SMEM(shape, dtype, transforms=epi_transforms),
-                          plgpu.SMEM(shape, dtype))
+    """SMEM for the epilogue tiles (``staging_smem``)."""
+    return staging_smem(shape, dtype, epi_transforms, swizzled)
 
   def epilogue_store(accs, out_refs, epi, *, col, row_start, rows, off, row_load):
     """accs: fp32 values (bm_wg, bn) of this warpgroup: the window of bm_wg rows loaded from
