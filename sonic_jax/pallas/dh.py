@@ -58,7 +58,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from sonic_jax.pallas import cp_async
 from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.grid import persistent_ctas
-from sonic_jax.pallas.grouped_gemm import staging_smem, staging_views
+from sonic_jax.pallas.grouped_gemm import (_PRODUCER_REGS, _consumer_regs, staging_smem,
+                                           staging_views)
 from sonic_jax.routing import RoutingPlan
 
 _F32 = jnp.float32
@@ -114,12 +115,14 @@ class DhConfig:
   writes the WGMMA-layout registers through the swizzled view, free of the bank conflicts of
   128-byte untiled rows, and stores each output with one TMA; ragged ones keep the ladder.
   Aimed at short K loops (small d), where the epilogue dominates a tile.
-  pipelines: (ring kernel, one consumer) independent producer/consumer pairs in one CTA, each
-  with its own ring of max_concurrent_steps stages and taking every pipelines-th work item of
-  the CTA, so one consumer's epilogue runs while the other's wgmmas do (a ping-pong by
-  pipelines: the consumers of a shared ring would have to skip each other's stages, which
-  Pallas barriers' per-thread phase tracking cannot). 2: four warpgroups, registers 40 per
-  producer and 216 per consumer thread. Opt-in: not yet timed on a GPU.
+  pipelines: (ring kernel, one consumer) consumer warpgroups in one CTA, each with its own
+  ring of max_concurrent_steps stages and taking every pipelines-th work item of the CTA, fed
+  by one producer in item order, so one consumer's epilogue runs while the other's wgmmas do
+  (a ping-pong by rings: the consumers of a shared ring would have to skip each other's
+  stages, which Pallas barriers' per-thread phase tracking cannot). 2: three warpgroups,
+  registers 40 for the producer and 232 per consumer thread. (A producer per pipeline, four
+  warpgroups, capped every thread at 128 registers: ptxas failed on 64 x 256 and 128 x 128
+  ran 44 % slower at d = 768, session 14.) Opt-in.
   """
 
   @property
@@ -587,16 +590,6 @@ def dh(dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
   return dh_out, a_prime, jnp.where(valid, ds, 0.0)
 
 
-_PRODUCER_REGS = 40  # the cp.async / TMA producer warpgroup of the fused gather
-
-
-def _consumer_regs(consumers: int, producers: int) -> int:
-  """setmaxnreg count per consumer thread: what the producers leave of an SM's 64K registers
-  (512 per lane of a warpgroup), shared by the consumer warpgroups, a multiple of 8, capped at
-  240 (like up_proj): 240 for one consumer, 232 for two, 216 for two pipelines of one."""
-  return min(240, (512 - _PRODUCER_REGS * producers) // consumers // 8 * 8)
-
-
 def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, interpret,
              pregathered: bool = False):
   """dh on the warp-specialized cross-tile ring: ``DhConfig(gather="fused")`` gathers the dO
@@ -624,7 +617,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   slots = config.max_concurrent_steps
   wgs = config.num_consumers  # per pipeline
   pipes = config.pipelines
-  n_cons = pipes * wgs  # consumer warpgroups 0 .. n_cons - 1, then one producer per pipeline
+  n_cons = pipes * wgs  # consumer warpgroups 0 .. n_cons - 1, then the producer
   n_ctas = persistent_ctas(config.num_sms, bool(interpret)) * config.ctas_per_sm
   split_n = config.consumer_split == "n" and wgs > 1
   h_from_gmem = config.h_source == "gmem"
@@ -675,6 +668,16 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
     if not pregathered:
       cp_async.init_barriers(full_a, pipes * slots, interpret=interp)
 
+    def pipe_items(pipe):
+      """Pipeline pipe's work items, a virtual CTA's: items first, first + stride, ... of the
+      snake order. Returns (first, stride, count)."""
+      first = lax.axis_index("sm") * pipes + pipe
+      stride = n_ctas * pipes
+      return first, stride, jnp.maximum(num_tiles * grid_n - first + stride - 1, 0) // stride
+
+    def item(first, stride, it):
+      return plgpu.planar_snake(first + it * stride, (num_tiles, grid_n), 1, config.grid_block_n)
+
     def tiles_loop(tile_body, pipe):
       """Runs tile_body(mi, ni, g0) over this pipeline's work items (g0: its ring position);
       returns the ring steps it ran."""
@@ -686,25 +689,18 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           tile_body(mi, ni, carry)
           return carry + k_steps  # global k step of this CTA: the ring position
         return _loop
-      # Each pipeline is a virtual CTA: items first, first + stride, ... of the snake order.
-      first = lax.axis_index("sm") * pipes + pipe
-      stride = n_ctas * pipes
-      n_local = jnp.maximum(num_tiles * grid_n - first + stride - 1, 0) // stride
+      first, stride, count = pipe_items(pipe)
 
-      @pl.loop(0, n_local)
+      @pl.loop(0, count)
       def _(it):
-        mi, ni = plgpu.planar_snake(first + it * stride, (num_tiles, grid_n), 1,
-                                    config.grid_block_n)
-        tile_body(mi, ni, it * k_steps)
-      return n_local * k_steps
+        tile_body(*item(first, stride, it), it * k_steps)
+      return count * k_steps
 
-    @pl.when(wg == n_cons if pipes == 1 else wg >= n_cons)
+    @pl.when(wg == n_cons)
     def _producer():
       plgpu.set_max_registers(_PRODUCER_REGS, action="decrease")
-      pipe = 0 if pipes == 1 else wg - n_cons
-      ring0 = 0 if pipes == 1 else pipe * slots  # this pipeline's first slot
 
-      def tile(mi, ni, g0):
+      def tile(mi, ni, g0, ring0):
         e = meta_gmem[0, mi]
         row0 = meta_gmem[1, mi] * bm
 
@@ -727,13 +723,29 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             cp_async.issue_gather(gidx_gmem, dout_gmem, a_ring, full_a, slot=slot, row0=row0,
                                   k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
 
-      total = tiles_loop(tile, pipe)
+      if pipes == 1:
+        total = tiles_loop(lambda mi, ni, g0: tile(mi, ni, g0, 0), 0)
+        cp_async.drain_releases(empty, total, slots)
+        return
+      # One producer feeds every pipeline's ring, in the CTA's item order (item j to pipeline
+      # j % pipes): it fills a ring as far as that pipeline's consumer frees it, then moves on,
+      # so the pipelines' wgmmas take turns and each one's epilogue runs under the other's.
+      # (A producer per pipeline needs four warpgroups, which caps a thread at 128 registers:
+      # too few for a 64 x 256 accumulator, and spilling at 128 x 128; session 14.)
+      items = [pipe_items(p) for p in range(pipes)]
 
-      cp_async.drain_releases(empty, total, slots, base=ring0)
+      @pl.loop(0, items[0][2])  # pipeline 0 has the most items
+      def _(it):
+        for p, (first, stride, count) in enumerate(items):
+          @pl.when(it < count)
+          def _():
+            tile(*item(first, stride, it), it * k_steps, p * slots)
+      for p, (_, _, count) in enumerate(items):
+        cp_async.drain_releases(empty, count * k_steps, slots, base=p * slots)
 
     @pl.when(wg < n_cons)
     def _consumer():
-      plgpu.set_max_registers(_consumer_regs(n_cons, pipes), action="increase")
+      plgpu.set_max_registers(_consumer_regs(n_cons), action="increase")
       wgmma_layout = plgpu.Layout.WGMMA
       # wg indexes the per-consumer scratch; within its pipeline the consumer is warpgroup cw.
       pipe, cw = (0, wg) if pipes == 1 else (wg // wgs, wg % wgs)
@@ -887,7 +899,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                 jax.ShapeDtypeStruct((n // bn, tiles_max, bm), _F32)),
       grid=(n_ctas,),
       grid_names=("sm",),
-      num_threads=n_cons + pipes,
+      num_threads=n_cons + 1,
       thread_name="wg",
       scratch_types=scratch,
       compiler_params=plgpu.CompilerParams(
