@@ -156,6 +156,13 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
              "fused-2wg-gmem-prefetch": dataclasses.replace(
                  DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", h_prefetch=True,
                  epi_buffers=2),
+             # Chunk 0's H loads issued after the K loop's last wgmma, chunk c + 1's with
+             # chunk c (DhConfig.h_lookahead).
+             "ring-gmem-lookahead": dataclasses.replace(DH_RING_CFG, h_source="gmem",
+                                                        h_lookahead=True),
+             "fused-2wg-gmem-2buf-lookahead-swz": dataclasses.replace(
+                 DH_FUSED_CFG, block_m=128, num_consumers=2, h_source="gmem", epi_buffers=2,
+                 h_lookahead=True, epilogue_swizzle=True),
              # Swizzled staging for full row windows (one TMA per output), the ladder for
              # ragged ones: three buffers with H from SMEM, two with H from HBM, one buffer.
              "ring-2wg-swz": dataclasses.replace(DH_RING_CFG, block_m=128, num_consumers=2,
@@ -393,6 +400,8 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                 dict(gather="fused"), dict(ring=True, h_prefetch=True),
                                 dict(ring=True, **WIDE_M_DH),
                                 dict(ring=True, **WIDE_M_DH, h_prefetch=True),
+                                dict(ring=True, **WIDE_M_DH, h_lookahead=True,
+                                     epilogue_swizzle=True),
                                 dict(gather="fused", **WIDE_M_DH),
                                 dict(ring=True, **WIDE_M_DH, epilogue_swizzle=True),
                                 dict(ring=True, **{**WIDE_M_DH, "block_n": 128,
@@ -405,8 +414,9 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                                         "max_concurrent_steps": 4},
                                      pipelines=2, epilogue_swizzle=True)],
                          ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
-                              "rows-64x256-prefetch", "fused-rows-64x256", "rows-64x256-swz",
-                              "rows-64x128-smem-swz", "2pipes-64x256", "fused-2pipes-64x256"])
+                              "rows-64x256-prefetch", "rows-64x256-lookahead-swz",
+                              "fused-rows-64x256", "rows-64x256-swz", "rows-64x128-smem-swz",
+                              "2pipes-64x256", "fused-2pipes-64x256"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -429,6 +439,10 @@ def test_dh_wide_validation():
     DhConfig(ring=True, consumer_split="k")
   with pytest.raises(ValueError, match="h_prefetch needs h_source = 'gmem'"):
     DhConfig(ring=True, h_prefetch=True)
+  with pytest.raises(ValueError, match="h_lookahead needs h_source = 'gmem' and h_prefetch"):
+    DhConfig(ring=True, h_lookahead=True)
+  with pytest.raises(ValueError, match="h_lookahead needs h_source = 'gmem' and h_prefetch"):
+    DhConfig(ring=True, h_source="gmem", h_prefetch=True, h_lookahead=True)
   with pytest.raises(ValueError, match="epi_buffers must be 1, 2 or 3"):
     DhConfig(ring=True, epi_buffers=0)
   with pytest.raises(ValueError, match="pipelines must be 1 or 2"):
@@ -953,7 +967,9 @@ SWZ_DH = {
     "ring-rows-128-smem": dict(ring=True, **{**WIDE_M_DH, "block_n": 128, "h_source": "smem"}),
     # dh_config_for's kernel at d <= 1536 (one warpgroup, 64-column tiles, two CTAs per SM).
     "two-ctas-64": dict(block_n=64, epi_n=64, max_concurrent_steps=3, ctas_per_sm=2),
-    # Two producer/consumer pipelines per CTA (DhConfig.pipelines, opt-in), 64 x 256 tiles.
+    # The 128 x 256 row-split default at d >= 1536 with the H loads issued a chunk ahead.
+    "ring-rows-256-gmem-lookahead": dict(ring=True, **WIDE_M_DH, h_lookahead=True),
+    # Two consumers per CTA with their own rings (DhConfig.pipelines, opt-in), 64 x 256 tiles.
     "ring-2pipes-64x256": dict(ring=True, pipelines=2, **{**WIDE_M_DH, "block_m": 64,
                                                          "num_consumers": 1,
                                                          "max_concurrent_steps": 4}),

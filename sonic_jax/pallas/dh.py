@@ -105,6 +105,9 @@ class DhConfig:
   thread across the loop) and those of chunk c + 1 when chunk c starts. Slower on the H200
   (session 11, 120B-n1024: 7.14 ms on the side-by-side tile, 4.90 on the row-split one, against
   4.95 / 4.73 without), presumably from the registers it holds across the K loop.
+  h_lookahead: with h_source="gmem", issue chunk 0's H loads after the K loop's last wgmma
+  (not before the loop, so no registers are held across it) and chunk c + 1's when chunk c
+  starts: one chunk's latency in flight under the math of the one before.
   epi_buffers: SMEM staging buffers (bm_wg x epi_n each) per consumer of the ring kernel for the
   three outputs of an epilogue chunk (dH gate, dH up, A'). 3: written together, then stored;
   1 or 2: each output stored as soon as written, reusing a buffer once its store has read it,
@@ -145,6 +148,7 @@ class DhConfig:
   h_source: Literal["smem", "gmem"] = "smem"
   epi_buffers: int = 3
   h_prefetch: bool = False
+  h_lookahead: bool = False
   epilogue_swizzle: bool = False
   pipelines: int = 1
 
@@ -195,6 +199,9 @@ class DhConfig:
       raise ValueError(f"DhConfig.h_source must be 'smem' or 'gmem', got {self.h_source!r}")
     if self.epi_buffers not in (1, 2, 3):
       raise ValueError(f"DhConfig.epi_buffers must be 1, 2 or 3, got {self.epi_buffers!r}")
+    if self.h_lookahead and (self.h_source != "gmem" or self.h_prefetch):
+      raise ValueError("DhConfig.h_lookahead needs h_source = 'gmem' and h_prefetch = False "
+                       "(h_prefetch already issues each chunk's loads ahead)")
     if self.h_prefetch and self.h_source != "gmem":
       raise ValueError("DhConfig.h_prefetch needs h_source = 'gmem' (the SMEM H tiles are "
                        "prefetched by TMA already)")
@@ -799,6 +806,12 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                                   bars[1])
         plgpu.copy_gmem_to_smem(s_gmem.at[w_slice], s_w, bars[2])
 
+        def h_chunk(c):
+          """H gate and up of epilogue chunk c (h.dtype, WGMMA layout), straight from HBM into
+          registers (Mosaic GPU's unoptimized GMEM load: no SMEM staging)."""
+          return tuple(plgpu.load(h_gmem.at[w_slice, pl.ds(off + col0 + c * epi_n, epi_n)],
+                                  layout=wgmma_layout, optimized=False) for off in (0, n))
+
         def acc_scope(acc_ref):
           @pl.loop(0, k_steps)
           def _k(kk):
@@ -813,18 +826,15 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             @pl.when(kk > 0)
             def _():
               plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, ring0)])
+          # h_lookahead: chunk 0's H loads go out while the last wgmmas run.
+          first = h_chunk(0) if config.h_lookahead else None
           acc = acc_ref[...]  # waits for every wgmma of the tile
           plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g0 + k_steps - 1, slots, ring0)])
-          return acc
-
-        def h_chunk(c):
-          """H gate and up of epilogue chunk c (h.dtype, WGMMA layout), straight from HBM into
-          registers (Mosaic GPU's unoptimized GMEM load: no SMEM staging)."""
-          return tuple(plgpu.load(h_gmem.at[w_slice, pl.ds(off + col0 + c * epi_n, epi_n)],
-                                  layout=wgmma_layout, optimized=False) for off in (0, n))
+          return acc, first
 
         ahead = h_chunk(0) if config.h_prefetch else None  # in flight during the K loop
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm_wg, bn)))
+        acc, first = pl.run_scoped(acc_scope, plgpu.ACC((bm_wg, bn)))
+        ahead = first if first is not None else ahead
         for bar in bars if not h_from_gmem else bars[2:]:
           plgpu.barrier_wait(bar)
         s = plgpu.load(s_w, layout=wgmma_layout.reduce(1))
@@ -833,6 +843,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           da = plgpu.layout_cast(acc[:, c * epi_n:(c + 1) * epi_n], wgmma_layout)
           if h_from_gmem:
             if ahead is not None:
+              # Chunk c + 1's loads go out before chunk c's math, which hides their latency.
               this = ahead
               ahead = h_chunk(c + 1) if c + 1 < n_chunks else None
             else:
