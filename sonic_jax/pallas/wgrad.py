@@ -194,15 +194,32 @@ def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rh
                      f"block_n")
 
 
-def _block_meta(plan: RoutingPlan, bk: int) -> jax.Array:
-  """(4, E) int32: first row, end row, block-aligned first row, number of K blocks per expert.
+# Row alignment of the ring kernel's K blocks: Mosaic GPU's TMA into an (8, ·)-tiled SMEM tile
+# needs the GMEM row offset to be a multiple of the tile's 8 rows (unaligned offsets make its
+# layout inference search without end).
+_ROW_ALIGN = 8
+
+
+def _block_meta(plan: RoutingPlan, bk: int, aligned: bool = True) -> jax.Array:
+  """(4, E) int32: first row, end row, first K block's row, number of K blocks per expert.
+
+  aligned: K blocks start at multiples of bk (the first and last can hold a neighbour's rows);
+  else at the expert's first row rounded down to a multiple of _ROW_ALIGN (fewer blocks: the
+  first holds fewer than _ROW_ALIGN rows of the previous expert), and a fifth row holds the
+  number of valid rows (group_offsets[E]; padding rows follow) in every column.
 
   One freshly built buffer: Mosaic GPU custom calls need 256-byte aligned inputs, and slices of
   plan.group_offsets are not (measured: "Input buffer 1 is not 256-byte aligned" on H200)."""
   starts = plan.group_offsets[:-1]
   ends = plan.group_offsets[1:]
-  block_starts = (starts // bk) * bk
-  num_blocks = jnp.where(ends > starts, (ends + bk - 1) // bk - starts // bk, 0)
+  if aligned:
+    block_starts = (starts // bk) * bk
+    num_blocks = jnp.where(ends > starts, (ends + bk - 1) // bk - starts // bk, 0)
+  else:
+    block_starts = (starts // _ROW_ALIGN) * _ROW_ALIGN
+    num_blocks = jnp.where(ends > starts, (ends - block_starts + bk - 1) // bk, 0)
+    valid = jnp.broadcast_to(plan.group_offsets[-1], starts.shape)
+    return jnp.stack([starts, ends, block_starts, num_blocks, valid]).astype(jnp.int32)
   return jnp.stack([starts, ends, block_starts, num_blocks]).astype(jnp.int32)
 
 
@@ -328,10 +345,15 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
   block counts. The ring does not restart per tile, so the next tile's loads overlap this
   tile's store. Empty experts issue no step and store a zero tile.
 
+  K blocks start at the expert's first row rounded down to a multiple of 8 (not of block_k), so
+  an expert takes one K step fewer than with block_k-aligned blocks as often as not; its first
+  and last block can hold rows of another expert, which each consumer zeroes in its plain tile.
+
   With ``config.gather == "xla"`` (two consumers on operands gathered by XLA) the ``gathered``
-  side is (P, ·) in grouped order too and comes by TMA (counted on ``full_t``); the first
-  consumer zeroes its rows outside the expert in the boundary K blocks and both consumers meet
-  on ``masked`` before their wgmmas, since both read that tile.
+  side is (P, ·) in grouped order too and comes by TMA (counted on ``full_t``); its rows past
+  the expert are a neighbour's gathered rows (finite), cancelled by the zeroed plain rows,
+  except where the last block reaches the padding rows after every group: there the first
+  consumer zeroes them in the shared tile too and both consumers meet on ``masked``.
   """
   p_rows = plan.capacity
   m = lhs.shape[1]
@@ -364,7 +386,6 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
     else:
       (meta_gmem, gidx_gmem, lhs_gmem, rhs_gmem, o_gmem, g_ring, t_ring, o_smem, full_g, full_t,
        empty) = refs
-      masked = None
     wg = lax.axis_index("wg")
     if not pregathered:
       cp_async.init_barriers(full_g, slots, interpret=interp)
@@ -392,7 +413,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
         def _k(k):
           g = g0 + k
           slot = lax.rem(g, slots)
-          row0 = pl.multiple_of(block_start + k * bk, bk)
+          row0 = pl.multiple_of(block_start + k * bk, _ROW_ALIGN)
 
           @pl.when(g >= slots)
           def _():
@@ -431,16 +452,27 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
             slot = cp_async.wait_stage(full_t, full_g, g=g, slots=slots, interpret=interp)
             t_tile = t_ring.at[slot, wg]
 
-            @pl.when((k == 0) | (k == nblocks - 1))
-            def _():
-              _mask_rows(t_tile, block_start + k * bk, start, end, bk, t_cols)
-              if pregathered:  # the shared tile: masked once, read by both consumers
+            # K blocks start at the expert's first row rounded down to 8: the first block can
+            # hold a few rows of the previous expert, the last can run past the expert into a
+            # neighbour's rows, padding rows (which may hold NaN) or the zero fill past P.
+            # Each consumer zeroes those rows of its own plain tile with a select; the zeroed
+            # rows cancel the shared tile's rows there, which are a neighbour's (finite) rows
+            # or zero fill, unless the block reaches the padding rows: then the first consumer
+            # masks the shared tile too and both meet on ``masked``.
+            row0 = block_start + k * bk
+            last = (k == nblocks - 1) & (lax.rem(end - block_start, bk) != 0)
 
+            @pl.when(last | ((k == 0) & (start != block_start)))
+            def _():
+              _mask_rows(t_tile, row0, start, end, bk, t_cols)
+              plgpu.commit_smem()
+            if pregathered:
+              @pl.when(last & (row0 + bk > meta_gmem[4, 0]))
+              def _():
                 @pl.when(wg == 0)
                 def _():
-                  _mask_rows(g_ring.at[slot], block_start + k * bk, start, end, bk, g_cols)
-              plgpu.commit_smem()
-              if pregathered:
+                  _mask_rows(g_ring.at[slot], row0, start, end, bk, g_cols)
+                  plgpu.commit_smem()
                 plgpu.barrier_arrive(masked)
                 plgpu.barrier_wait(masked)
 
@@ -489,7 +521,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
         # full_t: one TMA per consumer's half of the plain operand + the shared tile's TMA.
         plgpu.Barrier(num_arrivals=wgs + 1, num_barriers=slots),
         plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
-        plgpu.Barrier(num_arrivals=wgs),  # masked: the shared tile's boundary rows are zero
+        plgpu.Barrier(num_arrivals=wgs),  # masked: the shared tile's padding rows are zero
     ]
   else:
     scratch = [
@@ -510,9 +542,10 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=interpret_params(interpret),
   )
+  meta = _block_meta(plan, bk, aligned=False)
   if pregathered:
-    return kernel(_block_meta(plan, bk), lhs, rhs)
-  return kernel(_block_meta(plan, bk), gidx, lhs, rhs)
+    return kernel(meta, lhs, rhs)
+  return kernel(meta, gidx, lhs, rhs)
 
 
 def _validate_fused(plain, src, plan: RoutingPlan, config: WgradConfig, names,
