@@ -107,7 +107,9 @@ class DhConfig:
   4.95 / 4.73 without), presumably from the registers it holds across the K loop.
   h_lookahead: with h_source="gmem", issue chunk 0's H loads after the K loop's last wgmma
   (not before the loop, so no registers are held across it) and chunk c + 1's when chunk c
-  starts: one chunk's latency in flight under the math of the one before.
+  starts: one chunk's latency in flight under the math of the one before. Opt-in: slower on
+  the H200 (session 14, dh kernel on the default 128 x 256 tile: 4.84 vs 4.62 ms at T=32768,
+  d=4096, n=1024, E=128, K=8; 0.528 vs 0.498 at T=24576, d=1536, n=256; a tie at d=7168).
   epi_buffers: SMEM staging buffers (bm_wg x epi_n each) per consumer of the ring kernel for the
   three outputs of an epilogue chunk (dH gate, dH up, A'). 3: written together, then stored;
   1 or 2: each output stored as soon as written, reusing a buffer once its store has read it,
@@ -125,7 +127,10 @@ class DhConfig:
   stages, which Pallas barriers' per-thread phase tracking cannot). 2: three warpgroups,
   registers 40 for the producer and 232 per consumer thread. (A producer per pipeline, four
   warpgroups, capped every thread at 128 registers: ptxas failed on 64 x 256 and 128 x 128
-  ran 44 % slower at d = 768, session 14.) Opt-in.
+  ran 44 % slower at d = 768.) Opt-in and slower on the H200 (session 14, dh kernel, block_k 32,
+  4 stages per ring, H from HBM, against the default): 64 x 256 0.611 vs 0.565 ms at T=40960,
+  d=768, n=512, E=64, K=4 and 6.83 vs 4.60 ms at T=32768, d=4096, n=1024, E=128, K=8; 128 x 128
+  0.774 / 7.11 ms. Each consumer's wgmmas run alone, one 64- or 128-row tile at a time.
   """
 
   @property

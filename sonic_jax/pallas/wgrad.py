@@ -6,9 +6,10 @@
 Both are ``out[e] = lhs[rows of e]ᵀ · rhs[rows of e]`` with the reduction (K) running over the
 expert's grouped rows. A persistent grid walks (expert, M tile, N tile); each output tile
 pipelines the expert's K blocks with TMA and accumulates with wgmma (lhs tile transposed in
-SMEM). K blocks are aligned to block_k, so an expert's first and last block can hold rows of a
-neighbour (or padding rows, which may be NaN): those two blocks are masked in registers with a
-select (not a multiply, so NaN never leaks) and written back to SMEM before the wgmma. Every
+SMEM). K blocks are aligned to block_k (the ring kernel's to 8, from the expert's first row),
+so an expert's first and last block can hold rows of a neighbour (or padding rows, which may be
+NaN): those two blocks are masked in registers with a select (not a multiply, so NaN never
+leaks) and written back to SMEM before the wgmma. Every
 output tile is written once by one CTA: deterministic, no atomics; empty experts give zeros.
 
 The row gather (x or dO by gather_idx) is by default an XLA gather feeding the kernel
@@ -129,7 +130,11 @@ def wgrad_config_for(m: int, n: int, *, gather: Literal["xla", "fused"] = "xla",
                        max_concurrent_steps=5, grid_block_n=4)
   # Two consumers on the ring kernel, for either gather. With gather="xla" both operands come
   # by TMA (H200, same shape, pallas-backward-wgrad-h200-2026-12-03-s7.md: dW1 6.555 ms, dW2
-  # 3.224 ms, against 6.718 / 3.367 ms for the one-consumer 128 x 128 default).
+  # 3.224 ms, against 6.718 / 3.367 ms for the one-consumer 128 x 128 default). Its K blocks
+  # from each expert's first row rounded down to 8 (session 14) instead of block_k-aligned
+  # ones: DeepSeek-V3-like (T=16384, d=7168, n=2048, E=256, K=8, ~512 rows per expert) dW1
+  # 15.53 vs 17.96 ms, dW2 7.25 vs 8.84; T=32768, d=4096, n=1024, E=128, K=8: 7.10 vs 7.31 and
+  # 3.46 vs 3.58 (kernel-profile-h200-2026-12-04-s14*.log, different device calls).
   if gathered == "lhs" and n % 256 == 0 and m % 128 == 0:
     return WgradConfig(block_m=128, block_n=256, max_concurrent_steps=3, grid_block_n=4,
                        gather=gather, num_compute_wgs=2)
