@@ -206,7 +206,8 @@ _ROW_ALIGN = 8
 
 
 def _block_meta(plan: RoutingPlan, bk: int, aligned: bool = True) -> jax.Array:
-  """(4, E) int32: first row, end row, first K block's row, number of K blocks per expert.
+  """(4, E) int32 (5, E unaligned): first row, end row, first K block's row, number of K blocks
+  per expert.
 
   aligned: K blocks start at multiples of bk (the first and last can hold a neighbour's rows);
   else at the expert's first row rounded down to a multiple of _ROW_ALIGN (fewer blocks: the
