@@ -667,6 +667,29 @@ def test_wgrad_two_consumers_xla_gather_lowers_to_mosaic_gpu():
   assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_wgrad_ring_block_meta(case):
+  """The ring kernel's K blocks (_block_meta(aligned=False)): each expert's first block starts at
+  its first row rounded down to 8 (the TMA's row alignment), the blocks cover its rows with no
+  block to spare, empty experts get none, and the fifth row is the count of valid rows."""
+  plan = _inputs(case)["plan"]
+  bk = 64
+  starts, ends, bstarts, nblocks, valid = np.asarray(wgrad_lib._block_meta(plan, bk,
+                                                                            aligned=False))
+  offs = np.asarray(plan.group_offsets)
+  np.testing.assert_array_equal(starts, offs[:-1])
+  np.testing.assert_array_equal(ends, offs[1:])
+  assert (bstarts % 8 == 0).all() and (bstarts <= starts).all() and (starts - bstarts < 8).all()
+  live = ends > starts
+  assert (nblocks[~live] == 0).all()
+  span = ends - bstarts
+  assert ((nblocks * bk >= span) & ((nblocks - 1) * bk < span))[live].all()
+  assert (valid == offs[-1]).all()
+  # Never more steps than the block_k-aligned layout of the one-consumer kernel.
+  aligned = np.asarray(wgrad_lib._block_meta(plan, bk))
+  assert (nblocks <= aligned[3]).all()
+
+
 def test_wgrad_float32_output():
   a = _inputs("straddle_e5")
   plan = a["plan"]
