@@ -761,7 +761,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       wgmma_layout = plgpu.Layout.WGMMA
       # wg indexes the per-consumer scratch; within its pipeline the consumer is warpgroup cw.
       pipe, cw = (0, wg) if pipes == 1 else (wg // wgs, wg % wgs)
-      ring0 = 0 if pipes == 1 else pipe * slots  # this pipeline's first slot
+      ring0 = pipe * slots  # this pipeline's first slot (a Python 0 with one pipeline)
       base = 0 if split_n else cw * bm_wg  # this warpgroup's first row within a tile
       s_w, ds_w = (r.at[wg] for r in (s_smem, ds_smem))
       # Staging buffers: untiled (ragged ladder), and with epilogue_swizzle also the swizzled

@@ -478,7 +478,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         @pl.loop(0, k_steps)
         def _k(kk):
           g = g0 + kk
-          slot = lax.rem(g, slots)
+          slot = cp_async.ring_slot(g, slots)
 
           @pl.when(g >= slots)
           def _():
@@ -523,9 +523,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
             @pl.when(kk > 0)
             def _():
-              plgpu.barrier_arrive(empty.at[lax.rem(g - 1 + slots, slots)])
+              plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots)])
           accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
-          plgpu.barrier_arrive(empty.at[lax.rem(g0 + k_steps - 1, slots)])
+          plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g0 + k_steps - 1, slots)])
           epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
           epilogue_store(accs, out_refs, epi, col=col, row_start=row_start, rows=rows, off=off,
                          row_load=row_load)

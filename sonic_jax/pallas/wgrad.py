@@ -418,7 +418,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
         @pl.loop(0, nblocks)
         def _k(k):
           g = g0 + k
-          slot = lax.rem(g, slots)
+          slot = cp_async.ring_slot(g, slots)
           row0 = pl.multiple_of(block_start + k * bk, _ROW_ALIGN)
 
           @pl.when(g >= slots)
@@ -490,12 +490,12 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
 
             @pl.when(k > 0)
             def _():
-              plgpu.barrier_arrive(empty.at[lax.rem(g - 1 + slots, slots)])
+              plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots)])
           acc = acc_ref[...]  # waits for every wgmma of the tile
 
           @pl.when(nblocks > 0)
           def _():
-            plgpu.barrier_arrive(empty.at[lax.rem(g0 + nblocks - 1, slots)])
+            plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g0 + nblocks - 1, slots)])
           return acc
 
         acc = pl.run_scoped(acc_scope, plgpu.ACC(acc_shape))
