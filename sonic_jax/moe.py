@@ -7,8 +7,7 @@ import jax
 from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts, validate_expert_args
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax.routing import (TokenRounding, route_logits, router_logits, validate_router_args,
-                               validate_routing_args)
+from sonic_jax.routing import TokenRounding, route, validate_router_args
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
 
@@ -40,9 +39,7 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
     raise ValueError(
         f"router_w has {router_w.shape[1]} experts but w1 has {w1.shape[0]} (w1.shape[0] must "
         f"equal router_w.shape[1])")
-  logits = router_logits(x, router_w)
-  validate_routing_args(logits, top_k, routing)
-  plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing,
-                      impl=routing_impl)
+  plan = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+               impl=routing_impl)
   validate_expert_args(x, plan, w1, w2)
   return moe_experts(x, plan, w1, w2, backend=backend)

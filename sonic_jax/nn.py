@@ -25,7 +25,7 @@ from flax import linen, nnx
 from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax.routing import (TokenRounding, load_balancing_loss, route_logits, router_logits,
+from sonic_jax.routing import (TokenRounding, load_balancing_loss, route, router_logits,
                                validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
@@ -75,11 +75,12 @@ def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, 
                            renormalize=renormalize, routing=routing, backend=backend,
                            routing_impl=routing_impl, return_aux_loss=True)
   else:
-    logits = router_logits(xt, router_w)
-    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing,
-                        impl=routing_impl)
+    # route() keeps no (T, E) logits for the backward; the aux loss recomputes them (XLA
+    # merges the two router GEMMs of the forward).
+    plan = route(xt, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                 impl=routing_impl)
     out = moe_experts(xt, plan, w1, w2, backend=backend)
-    aux = load_balancing_loss(logits, plan)
+    aux = load_balancing_loss(router_logits(xt, router_w), plan)
   return out.reshape(*x.shape[:-1], d), aux
 
 

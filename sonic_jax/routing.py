@@ -14,6 +14,7 @@ are real. Kernels read and write only rows inside groups.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 import jax
@@ -213,16 +214,12 @@ def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
     if impl != "xla" and rounding is None:
       return triton_routing.route_logits(logits, top_k=top_k, renormalize=renormalize,
                                          impl=impl, interpret=interpret)
-  num_tokens, num_experts = logits.shape
+  num_experts = logits.shape[1]
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   top_p, top_e = jax.lax.top_k(probs, top_k)
-  denom = jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else None
   if rounding is None:
-    scores = top_p / denom if renormalize else top_p
-    token_ids = jnp.repeat(jnp.arange(num_tokens, dtype=jnp.int32), top_k)
-    return RoutingPlan.from_assignments(
-        token_ids, top_e.reshape(-1), scores.reshape(-1), num_tokens=num_tokens,
-        num_experts=num_experts, top_k=top_k)
+    return _plan_from_top_k(top_p, top_e, num_experts, renormalize, "xla", interpret)
+  denom = jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else None
   return _token_rounding_plan(probs, top_p, top_e, denom, rounding, top_k,
                               select_impl=impl, interpret=interpret)
 
@@ -302,11 +299,126 @@ def select_top_per_column(values: jax.Array, counts: jax.Array) -> jax.Array:
 
 
 def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = True,
-          routing: str | TokenRounding = "topk", impl: str = "xla") -> RoutingPlan:
-  """Router GEMM + routing: x (T, d), router_w (d, E) -> RoutingPlan. See ``route_logits``."""
+          routing: str | TokenRounding = "topk", impl: str = "xla",
+          logit_bias: jax.Array | None = None, interpret: bool = False) -> RoutingPlan:
+  """Router GEMM + routing: x (T, d), router_w (d, E) -> RoutingPlan. See ``route_logits``.
+
+  logit_bias: optional (E,) float added to the fp32 logits before the softmax.
+
+  The plan is the one ``route_logits(router_logits(x, router_w) + logit_bias, ...)`` makes, bit
+  for bit. For top-K routing the gradient keeps no (T, E) tensor for the backward: the router
+  GEMM is recomputed from x and router_w there (``router_top_k``), T·d·E multiply-adds instead
+  of T·E fp32 values held through the expert block's backward. Token rounding needs the full
+  probabilities to pick its extra tokens and differentiates through them as ``route_logits``.
+  """
   validate_router_args(x, router_w)
-  return route_logits(router_logits(x, router_w), top_k=top_k, renormalize=renormalize,
-                      routing=routing, impl=impl)
+  num_experts = router_w.shape[1]
+  rounding = validate_routing_args(np.zeros((1, num_experts), np.float32), top_k, routing)
+  _validate_logit_bias(logit_bias, num_experts)
+  if rounding is not None:
+    return route_logits(biased_router_logits(x, router_w, logit_bias), top_k=top_k,
+                        renormalize=renormalize, routing=rounding, impl=impl,
+                        interpret=interpret)
+  if impl != "xla":
+    from sonic_jax import triton as triton_routing
+    impl = triton_routing.resolve_route_impl(impl)
+  top_p, top_e = router_top_k(x, router_w, top_k, logit_bias=logit_bias, impl=impl,
+                              interpret=interpret)
+  return _plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret)
+
+
+def _plan_from_top_k(top_p, top_e, num_experts: int, renormalize: bool, impl: str,
+                     interpret: bool) -> RoutingPlan:
+  """Top-K probabilities / experts (T, K) -> RoutingPlan (scores renormalized if asked)."""
+  num_tokens, top_k = top_p.shape
+  scores = top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p
+  token_ids = jnp.repeat(jnp.arange(num_tokens, dtype=jnp.int32), top_k)
+  args = (token_ids, top_e.reshape(-1), scores.reshape(-1))
+  if impl == "xla":
+    return RoutingPlan.from_assignments(*args, num_tokens=num_tokens, num_experts=num_experts,
+                                        top_k=top_k)
+  from sonic_jax import triton as triton_routing
+  return triton_routing.plan_from_assignments(*args, num_tokens=num_tokens,
+                                              num_experts=num_experts, top_k=top_k, impl=impl,
+                                              interpret=interpret)
+
+
+def _validate_logit_bias(logit_bias, num_experts: int) -> None:
+  if logit_bias is None:
+    return
+  if getattr(logit_bias, "shape", None) != (num_experts,) or not _is_float(logit_bias):
+    raise ValueError(f"logit_bias must be None or a float array of shape (E,) = ({num_experts},), "
+                     f"got {getattr(logit_bias, 'dtype', type(logit_bias).__name__)} of shape "
+                     f"{jnp.shape(logit_bias)}")
+
+
+def biased_router_logits(x: jax.Array, router_w: jax.Array,
+                         logit_bias: jax.Array | None = None) -> jax.Array:
+  """``router_logits(x, router_w)`` (T, E) fp32, plus ``logit_bias`` (E,) when given."""
+  logits = router_logits(x, router_w)
+  return logits if logit_bias is None else logits + logit_bias.astype(jnp.float32)
+
+
+def softmax_top_k_grad(logits: jax.Array, top_p: jax.Array, top_e: jax.Array,
+                       g_p: jax.Array) -> jax.Array:
+  """Cotangent of the logits (T, E) fp32 from that of p = softmax(logits) at top_e (T, K).
+
+  d p_i / d l_j = p_i (δ_ij - p_j), so dl = scatter(g·p) - softmax(l) · Σ_k g_k p_k.
+  """
+  p_full = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  gp = g_p.astype(jnp.float32) * top_p
+  dl = -p_full * jnp.sum(gp, axis=-1, keepdims=True)
+  rows = jnp.arange(logits.shape[0])[:, None]
+  return dl.at[rows, top_e].add(gp)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 4, 5))
+def _router_top_k(x, router_w, top_k, logit_bias, impl, interpret):
+  return _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret)[0]
+
+
+def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret):
+  logits = biased_router_logits(x, router_w, logit_bias)
+  if impl == "xla":
+    top_p, top_e = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
+  else:
+    from sonic_jax.triton.topk import topk_softmax
+    top_p, top_e = topk_softmax(logits, top_k, impl=impl, interpret=interpret)
+  # The residuals are the inputs (alive anyway: x for the expert block's backward, the weights
+  # as parameters) and the (T, K) selection, not the (T, E) logits.
+  return (top_p, top_e), (x, router_w, logit_bias, top_p, top_e)
+
+
+def _router_top_k_bwd(top_k, impl, interpret, res, g):
+  del top_k, impl, interpret
+  x, router_w, logit_bias, top_p, top_e = res
+  # The barrier keeps XLA from merging this GEMM with the forward's (CSE would keep the
+  # forward's logits alive until here) and, through the cotangent, from hoisting it before the
+  # expert block's backward has produced the scores' gradient.
+  x, router_w, logit_bias, g_p = jax.lax.optimization_barrier((x, router_w, logit_bias, g[0]))
+  logits, pull = jax.vjp(biased_router_logits, x, router_w, logit_bias)
+  return pull(softmax_top_k_grad(logits, top_p, top_e, g_p))
+
+
+_router_top_k.defvjp(_router_top_k_fwd, _router_top_k_bwd)
+
+
+def router_top_k(x: jax.Array, router_w: jax.Array, top_k: int, *,
+                 logit_bias: jax.Array | None = None, impl: str = "xla",
+                 interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Router GEMM, softmax and top-K without keeping the logits for the backward.
+
+  x (T, d), router_w (d, E), logit_bias (E,) or None -> (probs (T, K) fp32, experts (T, K)
+  int32), best first: p = softmax(x · router_w + logit_bias) at the K largest. Differentiable
+  in x, router_w and logit_bias; the backward recomputes the (T, E) logits from its inputs.
+  impl: "xla" (``lax.top_k``), "jax_triton" or "pallas_triton" (``sonic_jax.triton.topk_softmax``).
+  """
+  validate_router_args(x, router_w)
+  validate_routing_args(np.zeros((1, router_w.shape[1]), np.float32), top_k, "topk")
+  _validate_logit_bias(logit_bias, router_w.shape[1])
+  if impl not in ("xla", "jax_triton", "pallas_triton"):
+    raise ValueError(f"impl must be 'xla', 'jax_triton' or 'pallas_triton', got {impl!r}")
+  return _router_top_k(x, router_w, int(top_k), logit_bias, impl, bool(interpret))
 
 
 def validate_router_args(x, router_w) -> None:
@@ -340,4 +452,5 @@ def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
 
 
 __all__ = ["RoutingPlan", "TokenRounding", "route", "route_logits", "router_logits",
+           "router_top_k", "biased_router_logits", "softmax_top_k_grad",
            "load_balancing_loss", "wasted_ratio"]

@@ -64,7 +64,7 @@ from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.nn import LOGICAL_AXES, MoE
-from sonic_jax.routing import (RoutingPlan, TokenRounding, route_logits, router_logits,
+from sonic_jax.routing import (RoutingPlan, TokenRounding, route, router_logits,
                                validate_router_args, validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 from sonic_jax.xla_backend import XlaKernels
@@ -297,9 +297,8 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
       w2 = jax.lax.all_gather(w2, cfg.fsdp_axis, axis=2, tiled=True)
     if cfg.expert_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
-    logits = router_logits(x, router_w)
-    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=routing,
-                        impl=routing_impl)
+    plan = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                 impl=routing_impl)
     if cfg.expert_axis is None:
       out = moe_experts(x, plan, w1, w2, backend=backend)
     else:
@@ -310,7 +309,7 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
                capacity=capacity, backend=backend)
     if not return_aux_loss:
       return out
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    probs = jax.nn.softmax(router_logits(x, router_w), axis=-1)
     mean_p = jax.lax.pmean(jnp.mean(probs, axis=0), cfg.token_axes)
     freq = jax.lax.psum(plan.group_sizes.astype(jnp.float32), cfg.token_axes)
     freq = jax.lax.stop_gradient(freq / jnp.maximum(jnp.sum(freq), 1.0))
@@ -356,8 +355,8 @@ def expert_parallel_dropped(x: jax.Array, router_w: jax.Array, *, sharding: MoES
     if cfg.fsdp_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.fsdp_axis, axis=0, tiled=True)
     router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
-    plan = route_logits(router_logits(x, router_w), top_k=top_k, renormalize=renormalize,
-                        routing=routing, impl=routing_impl)
+    plan = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                 impl=routing_impl)
     bounds = plan.group_offsets[::e // x_size]
     dropped = jnp.sum(jnp.maximum(bounds[1:] - bounds[:-1] - cap, 0), dtype=jnp.int32)
     return jax.lax.psum(dropped, cfg.token_axes)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits, router_logits
+from sonic_jax.routing import RoutingPlan, TokenRounding, route
 from sonic_jax.bench.configs import BenchConfig
 
 RoutingDist = Literal["uniform", "zipf"]
@@ -103,10 +103,8 @@ def plan_fn(cfg: BenchConfig, spec: RoutingSpec) -> Callable[[jax.Array, jax.Arr
   bias = spec.logit_bias(cfg.E)
 
   def make_plan(x, router_w):
-    logits = router_logits(x, router_w)
-    if bias is not None:
-      logits = logits + jnp.asarray(bias)
-    return route_logits(logits, top_k=cfg.K, routing=spec.routing, impl=spec.route_impl)
+    return route(x, router_w, top_k=cfg.K, routing=spec.routing, impl=spec.route_impl,
+                 logit_bias=None if bias is None else jnp.asarray(bias))
 
   return make_plan
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from sonic_jax import triton as tri
+from sonic_jax.routing import softmax_top_k_grad
 
 MAX_EXPERTS = 4096  # one row lives in registers
 
@@ -104,14 +105,7 @@ def _topk_fwd(logits, top_k, impl, config, interpret):
 def _topk_bwd(top_k, impl, config, interpret, res, g):
   del top_k, impl, config, interpret
   logits, probs, experts = res
-  g_probs = g[0].astype(jnp.float32)
-  # d p_i / d l_j = p_i (δ_ij - p_j): dl = scatter(g·p) - p_full · Σ_k g_k p_k.
-  p_full = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-  gp = g_probs * probs
-  dl = -p_full * jnp.sum(gp, axis=-1, keepdims=True)
-  rows = jnp.arange(logits.shape[0])[:, None]
-  dl = dl.at[rows, experts].add(gp)
-  return (dl.astype(logits.dtype),)
+  return (softmax_top_k_grad(logits, probs, experts, g[0]).astype(logits.dtype),)
 
 
 _topk.defvjp(_topk_fwd, _topk_bwd)
