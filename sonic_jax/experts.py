@@ -76,6 +76,10 @@ def _expert_block(backend: ExpertKernels):
       gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
           (plan.gather_idx, plan.reverse_idx, dx, dw2))
       dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
+      # The scores' gradient only after dW1: the router's backward, which recomputes the
+      # (T, E) logits (routing.router_top_k), then runs once the (P, ·) buffers are dead
+      # instead of beside them (XLA put it next to dW1: H200 memory report, Qwen3-30B-A3B).
+      ds, _ = jax.lax.optimization_barrier((ds, dw1))
     else:
       dx_pairs = kernels.dx_pairs(dh, w1, plan)
       dw1 = kernels.dw1(x, dh, plan)
