@@ -14,7 +14,10 @@ same position, from --min-ms up): a kernel's gain counts only beyond that. Needs
 
 Variants (``sonic_jax.bench.variants``): ``pallas[:<backward_gathers>][:<option>...]``, options
 ``dw1-early``, ``dh-ring`` and ``<kernel>.<field>=<value>`` over the kernel's default config, e.g.
-``pallas::up_proj.block_k=32`` or ``pallas::dh.block_n=64:dh.ctas_per_sm=2``.
+``pallas::up_proj.block_k=32`` or ``pallas::dh.block_n=64:dh.ctas_per_sm=2``. A variant ending in
+``@saved-logits`` routes with ``route_logits`` on the router's logits, which autodiff keeps for the
+backward, instead of ``sonic_jax.moe``'s ``route`` (which recomputes them), e.g.
+``pallas,pallas@saved-logits``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,18 @@ def _drift(ref_rows: list[tuple[str, float]], rows: list[tuple[str, float]],
   return statistics.median(ratios), len(ratios)
 
 
+def _saved_logits_layer(kern, top_k: int):
+  """The layer routed by ``route_logits`` on the router GEMM's logits: autodiff keeps the (T, E)
+  logits for the backward (what ``sonic_jax.moe`` did before ``route`` recomputed them)."""
+  import sonic_jax
+
+  def layer(x, router_w, w1, w2):
+    plan = sonic_jax.route_logits(sonic_jax.router_logits(x, router_w), top_k=top_k, impl="auto")
+    return sonic_jax.moe_experts(x, plan, w1, w2, backend=kern)
+
+  return layer
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="paper-1.4B-n512")
@@ -90,9 +105,13 @@ def main(argv=None) -> int:
     iters = args.iters
     for spec in args.variants.split(","):
       try:
-        kern = kernels_for(spec, cfg.d, cfg.n)
-        fn = jax.jit(fwdbwd_step(
-            lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern)))
+        kern_spec, _, route_opt = spec.partition("@")
+        if route_opt not in ("", "saved-logits"):
+          raise SystemExit(f"variant {spec!r}: the only routing option is '@saved-logits'")
+        kern = kernels_for(kern_spec, cfg.d, cfg.n)
+        layer = (_saved_logits_layer(kern, cfg.K) if route_opt else
+                 lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern))
+        fn = jax.jit(fwdbwd_step(layer))
         step_out = jax.block_until_ready(fn(*prob.args, prob.dout))
       except (Exception, SystemExit) as e:  # one variant that does not build must not end it
         print(f"  {spec}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
