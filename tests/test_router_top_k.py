@@ -85,6 +85,27 @@ def test_route_gradients_match_autodiff_of_route_logits(impl, interpret, t, d, e
     assert rel_err(g, r) <= 1e-5, (name, rel_err(g, r))
 
 
+@pytest.mark.parametrize("impl,interpret", _IMPLS)
+def test_route_bf16_gradients_against_float32_reference(impl, interpret):
+  """bf16 x / router_w (training): the backward's GEMMs take dl in bf16 with fp32 accumulation.
+  Against the float32 reference (route_logits' autodiff on the same values in fp32)."""
+  t, d, e, k = 96, 64, 16, 4
+  x, rw, _ = _inputs(t, d, e, "none", jnp.bfloat16, seed=2)
+  b = jnp.linspace(-0.5, 0.5, e)
+  w = jax.random.normal(jax.random.key(6), (t * k,), jnp.float32)
+  got = jax.grad(lambda x, rw, b: jnp.sum(_route(x, rw, b, k, True, impl, interpret).scores * w),
+                 argnums=(0, 1, 2))(x, rw, b)
+  x32, rw32 = x.astype(jnp.float32), rw.astype(jnp.float32)
+  want = jax.grad(lambda x, rw, b: jnp.sum(_reference_plan(x, rw, b, k, True).scores * w),
+                  argnums=(0, 1, 2))(x32, rw32, b)
+  for name, g, r, dtype in zip(("dx", "drouter_w", "dlogit_bias"), got, want,
+                               (jnp.bfloat16, jnp.bfloat16, jnp.float32)):
+    assert g.dtype == dtype, name
+    assert np.all(np.isfinite(np.asarray(g, np.float32))), name
+    assert float(jnp.linalg.norm(r)) > 1e-3, name
+    assert rel_err(g, r) <= (1e-5 if dtype == jnp.float32 else 8e-3), (name, rel_err(g, r))
+
+
 def _residual_shapes(fn, *args):
   _, pullback = jax.vjp(fn, *args)
   return [(tuple(a.shape), a.dtype) for a in jax.tree_util.tree_leaves(pullback)
