@@ -398,16 +398,20 @@ def _router_top_k_bwd(top_k, impl, interpret, res, g):
   # forward's logits alive until here) and, through the cotangent, from hoisting it before the
   # expert block's backward has produced the scores' gradient.
   x, router_w, logit_bias, g_p = jax.lax.optimization_barrier((x, router_w, logit_bias, g[0]))
-  dl = softmax_top_k_grad(biased_router_logits(x, router_w, logit_bias), top_p, top_e, g_p)
-  # The two GEMMs take dl in the operands' dtype (bf16 in training), fp32 accumulation: dx and
-  # d router_w are rounded to that dtype anyway, and autodiff's fp32 dl made both fp32 GEMMs
-  # that ran at a third of the bandwidth bound on an H200 (37 µs each at T = 40960, d = 768).
+  logits = router_logits(x, router_w)
+  if logit_bias is not None:
+    logits, pull_bias = jax.vjp(lambda b: logits + b.astype(jnp.float32), logit_bias)
+  dl = softmax_top_k_grad(logits, top_p, top_e, g_p)
+  # The GEMMs' transposes take dl in the operands' dtype (bf16 in training), fp32 accumulation:
+  # dx and d router_w are rounded to that dtype anyway, and autodiff's fp32 dl made both fp32
+  # GEMMs that ran at a third of the bandwidth bound on an H200 (37 µs each at T = 40960,
+  # d = 768). jax.vjp, not hand-written dots: inside shard_map it sums the replicated
+  # router_w's (and bias's) cotangent over the axes x varies along, as autodiff does.
   cd = jnp.result_type(x, router_w)
-  dl_c = dl.astype(cd)
-  dx = jnp.dot(dl_c, router_w.astype(cd).T, preferred_element_type=jnp.float32)
-  drw = jnp.dot(x.astype(cd).T, dl_c, preferred_element_type=jnp.float32)
-  db = None if logit_bias is None else jnp.sum(dl, axis=0).astype(logit_bias.dtype)
-  return dx.astype(x.dtype), drw.astype(router_w.dtype), db
+  _, pull = jax.vjp(
+      lambda x, w: jnp.dot(x.astype(cd), w.astype(cd), preferred_element_type=cd), x, router_w)
+  dx, drw = pull(dl.astype(cd))
+  return dx, drw, None if logit_bias is None else pull_bias(dl)[0]
 
 
 _router_top_k.defvjp(_router_top_k_fwd, _router_top_k_bwd)
