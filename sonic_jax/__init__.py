@@ -5,15 +5,17 @@ from sonic_jax.backends import (AUTO_ORDER, BACKENDS, BackendUnavailableError,
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.moe import moe
-from sonic_jax.routing import (RoutingPlan, TokenRounding, load_balancing_loss, route,
-                               route_logits, router_logits, wasted_ratio)
+from sonic_jax.routing import (RoutingPlan, TokenRounding, load_balancing_loss,
+                               load_balancing_loss_from_mean, route, route_logits, router_logits,
+                               wasted_ratio)
 from sonic_jax.weights import fuse_gate_up, split_gate_up
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AUTO_ORDER", "BACKENDS", "BackendUnavailableError", "ExpertKernels", "RoutingPlan",
-    "TokenRounding", "available_backends", "fuse_gate_up", "load_balancing_loss", "moe",
+    "TokenRounding", "available_backends", "fuse_gate_up", "load_balancing_loss",
+    "load_balancing_loss_from_mean", "moe",
     "moe_experts", "resolve_backend", "route", "route_logits", "router_logits", "split_gate_up",
     "wasted_ratio",
 ]

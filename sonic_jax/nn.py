@@ -11,7 +11,8 @@ attribute later, e.g. with ``sonic_jax.sharding.shard_moe_layers``) and the laye
 Auxiliary load-balancing loss: when ``aux_loss_coef > 0`` the module sows
 ``aux_loss_coef * load_balancing_loss`` as ``nnx.Intermediate`` named ``"aux_loss"`` (Linen:
 collection ``"intermediates"``, name ``"aux_loss"``); ``__call__(x, return_aux_loss=True)``
-returns ``(out, aux_loss)`` instead.
+returns ``(out, aux_loss)`` instead. The loss is computed from ``route(...,
+return_mean_probs=True)``, so neither it nor the routing keeps a (T, E) tensor for the backward.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from flax import linen, nnx
 from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax.routing import (TokenRounding, load_balancing_loss, route, router_logits,
+from sonic_jax.routing import (TokenRounding, load_balancing_loss_from_mean, route,
                                validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
@@ -75,12 +76,12 @@ def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, 
                            renormalize=renormalize, routing=routing, backend=backend,
                            routing_impl=routing_impl, return_aux_loss=True)
   else:
-    # route() keeps no (T, E) logits for the backward; the aux loss recomputes them (XLA
-    # merges the two router GEMMs of the forward).
-    plan = route(xt, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
-                 impl=routing_impl)
+    # route() keeps no (T, E) tensor for the backward, for the plan's scores nor for the aux
+    # loss's mean probabilities.
+    plan, mean_p = route(xt, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                         impl=routing_impl, return_mean_probs=True)
     out = moe_experts(xt, plan, w1, w2, backend=backend)
-    aux = load_balancing_loss(router_logits(xt, router_w), plan)
+    aux = load_balancing_loss_from_mean(mean_p, plan)
   return out.reshape(*x.shape[:-1], d), aux
 
 

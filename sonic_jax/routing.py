@@ -300,10 +300,14 @@ def select_top_per_column(values: jax.Array, counts: jax.Array) -> jax.Array:
 
 def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = True,
           routing: str | TokenRounding = "topk", impl: str = "xla",
-          logit_bias: jax.Array | None = None, interpret: bool = False) -> RoutingPlan:
+          logit_bias: jax.Array | None = None, interpret: bool = False,
+          return_mean_probs: bool = False) -> RoutingPlan | tuple[RoutingPlan, jax.Array]:
   """Router GEMM + routing: x (T, d), router_w (d, E) -> RoutingPlan. See ``route_logits``.
 
   logit_bias: optional (E,) float added to the fp32 logits before the softmax.
+  return_mean_probs: also return mean_t softmax(logits)_t (E,) fp32, the router statistic of
+    the load-balancing loss (``load_balancing_loss_from_mean``), differentiable, without a
+    (T, E) tensor kept for its backward either.
 
   The plan is the one ``route_logits(router_logits(x, router_w) + logit_bias, ...)`` makes, bit
   for bit. For top-K routing the gradient keeps no (T, E) tensor for the backward: the router
@@ -316,15 +320,19 @@ def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = 
   rounding = validate_routing_args(np.zeros((1, num_experts), np.float32), top_k, routing)
   _validate_logit_bias(logit_bias, num_experts)
   if rounding is not None:
-    return route_logits(biased_router_logits(x, router_w, logit_bias), top_k=top_k,
-                        renormalize=renormalize, routing=rounding, impl=impl,
-                        interpret=interpret)
+    logits = biased_router_logits(x, router_w, logit_bias)
+    plan = route_logits(logits, top_k=top_k, renormalize=renormalize, routing=rounding,
+                        impl=impl, interpret=interpret)
+    if not return_mean_probs:
+      return plan
+    return plan, jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)
   if impl != "xla":
     from sonic_jax import triton as triton_routing
     impl = triton_routing.resolve_route_impl(impl)
-  top_p, top_e = router_top_k(x, router_w, top_k, logit_bias=logit_bias, impl=impl,
-                              interpret=interpret)
-  return _plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret)
+  top_p, top_e, *mean_p = router_top_k(x, router_w, top_k, logit_bias=logit_bias, impl=impl,
+                                       interpret=interpret, mean_probs=return_mean_probs)
+  plan = _plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret)
+  return (plan, mean_p[0]) if return_mean_probs else plan
 
 
 def _plan_from_top_k(top_p, top_e, num_experts: int, renormalize: bool, impl: str,
@@ -374,34 +382,43 @@ def softmax_top_k_grad(logits: jax.Array, top_p: jax.Array, top_e: jax.Array,
   return dl + jnp.sum(jnp.where(hit, gp[:, None, :], 0.0), axis=-1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 4, 5))
-def _router_top_k(x, router_w, top_k, logit_bias, impl, interpret):
-  return _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 4, 5, 6))
+def _router_top_k(x, router_w, top_k, logit_bias, impl, interpret, with_mean):
+  return _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean)[0]
 
 
-def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret):
+def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean):
   logits = biased_router_logits(x, router_w, logit_bias)
   if impl == "xla":
     top_p, top_e = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
   else:
     from sonic_jax.triton.topk import topk_softmax
     top_p, top_e = topk_softmax(logits, top_k, impl=impl, interpret=interpret)
+  out = (top_p, top_e)
+  if with_mean:
+    out += (jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0),)
   # The residuals are the inputs (alive anyway: x for the expert block's backward, the weights
   # as parameters) and the (T, K) selection, not the (T, E) logits.
-  return (top_p, top_e), (x, router_w, logit_bias, top_p, top_e)
+  return out, (x, router_w, logit_bias, top_p, top_e)
 
 
-def _router_top_k_bwd(top_k, impl, interpret, res, g):
+def _router_top_k_bwd(top_k, impl, interpret, with_mean, res, g):
   del top_k, impl, interpret
   x, router_w, logit_bias, top_p, top_e = res
+  g_m = g[2] if with_mean else None
   # The barrier keeps XLA from merging this GEMM with the forward's (CSE would keep the
   # forward's logits alive until here) and, through the cotangent, from hoisting it before the
   # expert block's backward has produced the scores' gradient.
-  x, router_w, logit_bias, g_p = jax.lax.optimization_barrier((x, router_w, logit_bias, g[0]))
+  x, router_w, logit_bias, g_p, g_m = jax.lax.optimization_barrier(
+      (x, router_w, logit_bias, g[0], g_m))
   logits = router_logits(x, router_w)
   if logit_bias is not None:
     logits, pull_bias = jax.vjp(lambda b: logits + b.astype(jnp.float32), logit_bias)
   dl = softmax_top_k_grad(logits, top_p, top_e, g_p)
+  if with_mean:  # d mean_t p_t / d l_t = p_t (g - <p_t, g>) / T
+    p_full = jax.nn.softmax(logits, axis=-1)
+    g_m = g_m.astype(jnp.float32)[None, :]
+    dl = dl + p_full * (g_m - jnp.sum(p_full * g_m, axis=-1, keepdims=True)) / logits.shape[0]
   # The GEMMs' transposes take dl in the operands' dtype (bf16 in training), fp32 accumulation:
   # dx and d router_w are rounded to that dtype anyway, and autodiff's fp32 dl made both fp32
   # GEMMs that ran at a third of the bandwidth bound on an H200 (37 µs each at T = 40960,
@@ -419,12 +436,14 @@ _router_top_k.defvjp(_router_top_k_fwd, _router_top_k_bwd)
 
 def router_top_k(x: jax.Array, router_w: jax.Array, top_k: int, *,
                  logit_bias: jax.Array | None = None, impl: str = "xla",
-                 interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+                 interpret: bool = False, mean_probs: bool = False) -> tuple[jax.Array, ...]:
   """Router GEMM, softmax and top-K without keeping the logits for the backward.
 
   x (T, d), router_w (d, E), logit_bias (E,) or None -> (probs (T, K) fp32, experts (T, K)
-  int32), best first: p = softmax(x · router_w + logit_bias) at the K largest. Differentiable
-  in x, router_w and logit_bias; the backward recomputes the (T, E) logits from its inputs.
+  int32), best first: p = softmax(x · router_w + logit_bias) at the K largest; with
+  ``mean_probs`` also mean_t p_t (E,) fp32 over all experts (for the load-balancing loss, see
+  ``load_balancing_loss_from_mean``). Differentiable in x, router_w and logit_bias; the backward
+  recomputes the (T, E) logits from its inputs, once for both outputs.
   impl: "xla" (``lax.top_k``), "jax_triton" or "pallas_triton" (``sonic_jax.triton.topk_softmax``).
   """
   validate_router_args(x, router_w)
@@ -432,7 +451,8 @@ def router_top_k(x: jax.Array, router_w: jax.Array, top_k: int, *,
   _validate_logit_bias(logit_bias, router_w.shape[1])
   if impl not in ("xla", "jax_triton", "pallas_triton"):
     raise ValueError(f"impl must be 'xla', 'jax_triton' or 'pallas_triton', got {impl!r}")
-  return _router_top_k(x, router_w, int(top_k), logit_bias, impl, bool(interpret))
+  return _router_top_k(x, router_w, int(top_k), logit_bias, impl, bool(interpret),
+                       bool(mean_probs))
 
 
 def validate_router_args(x, router_w) -> None:
@@ -454,9 +474,16 @@ def load_balancing_loss(logits: jax.Array, plan: RoutingPlan) -> jax.Array:
   Equals 1 for perfectly uniform routing; gradients flow through the softmax only.
   """
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  return load_balancing_loss_from_mean(jnp.mean(probs, axis=0), plan)
+
+
+def load_balancing_loss_from_mean(mean_probs: jax.Array, plan: RoutingPlan) -> jax.Array:
+  """``load_balancing_loss`` from mean_t softmax(logits)_t (E,), e.g. ``route(...,
+  return_mean_probs=True)``'s: E · Σ_e mean_probs_e · f_e / Σ f (fp32 scalar)."""
   freq = plan.group_sizes.astype(jnp.float32)
   freq = freq / jnp.maximum(jnp.sum(freq), 1.0)
-  return plan.num_experts * jnp.sum(jnp.mean(probs, axis=0) * jax.lax.stop_gradient(freq))
+  return plan.num_experts * jnp.sum(mean_probs.astype(jnp.float32) *
+                                    jax.lax.stop_gradient(freq))
 
 
 def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
@@ -467,4 +494,4 @@ def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
 
 __all__ = ["RoutingPlan", "TokenRounding", "route", "route_logits", "router_logits",
            "router_top_k", "biased_router_logits", "softmax_top_k_grad",
-           "load_balancing_loss", "wasted_ratio"]
+           "load_balancing_loss", "load_balancing_loss_from_mean", "wasted_ratio"]

@@ -64,7 +64,7 @@ from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.nn import LOGICAL_AXES, MoE
-from sonic_jax.routing import (RoutingPlan, TokenRounding, route, router_logits,
+from sonic_jax.routing import (RoutingPlan, TokenRounding, route,
                                validate_router_args, validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 from sonic_jax.xla_backend import XlaKernels
@@ -297,8 +297,8 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
       w2 = jax.lax.all_gather(w2, cfg.fsdp_axis, axis=2, tiled=True)
     if cfg.expert_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
-    plan = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
-                 impl=routing_impl)
+    plan, mean_p = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                         impl=routing_impl, return_mean_probs=True)
     if cfg.expert_axis is None:
       out = moe_experts(x, plan, w1, w2, backend=backend)
     else:
@@ -309,8 +309,7 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
                capacity=capacity, backend=backend)
     if not return_aux_loss:
       return out
-    probs = jax.nn.softmax(router_logits(x, router_w), axis=-1)
-    mean_p = jax.lax.pmean(jnp.mean(probs, axis=0), cfg.token_axes)
+    mean_p = jax.lax.pmean(mean_p, cfg.token_axes)
     freq = jax.lax.psum(plan.group_sizes.astype(jnp.float32), cfg.token_axes)
     freq = jax.lax.stop_gradient(freq / jnp.maximum(jnp.sum(freq), 1.0))
     return out, e * jnp.sum(mean_p * freq)

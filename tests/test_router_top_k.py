@@ -125,6 +125,70 @@ def test_route_keeps_no_logits_for_the_backward(impl, interpret):
   assert [s for s in ref_shapes if s[0] == (t, e)], ref_shapes
 
 
+@pytest.mark.parametrize("impl,interpret", _IMPLS)
+@pytest.mark.parametrize("routing_name", ["topk", "token_rounding"])
+def test_route_mean_probs_and_load_balancing_gradients(impl, interpret, routing_name):
+  """return_mean_probs: mean_t softmax (E,) and the balance loss built on it, with the plan's
+  scores, differentiate like autodiff of route_logits + load_balancing_loss(logits)."""
+  t, d, e, k = 40, 16, 8, 2
+  x, rw, _ = _inputs(t, d, e, "none")
+  b = jnp.linspace(-0.5, 0.5, e)
+  rounding = sonic_jax.TokenRounding(tile=4) if routing_name == "token_rounding" else "topk"
+  w = jax.random.normal(jax.random.key(8), (routing.TokenRounding(tile=4).capacity(t, e, k)
+                                            if routing_name == "token_rounding" else t * k,))
+
+  def got_loss(x, rw, b):
+    plan, mean_p = routing.route(x, rw, top_k=k, routing=rounding, impl=impl, logit_bias=b,
+                                 interpret=interpret, return_mean_probs=True)
+    return jnp.sum(plan.scores * w) + 3.0 * routing.load_balancing_loss_from_mean(mean_p, plan)
+
+  def want_loss(x, rw, b):
+    logits = router_logits(x, rw) + b
+    plan = routing.route_logits(logits, top_k=k, routing=rounding)
+    return jnp.sum(plan.scores * w) + 3.0 * routing.load_balancing_loss(logits, plan)
+
+  plan, mean_p = routing.route(x, rw, top_k=k, routing=rounding, impl=impl, logit_bias=b,
+                               interpret=interpret, return_mean_probs=True)
+  assert mean_p.shape == (e,) and mean_p.dtype == jnp.float32
+  want_mean = jnp.mean(jax.nn.softmax(router_logits(x, rw) + b, axis=-1), axis=0)
+  assert rel_err(mean_p, want_mean) <= 1e-6
+  np.testing.assert_allclose(float(got_loss(x, rw, b)), float(want_loss(x, rw, b)), rtol=1e-6)
+  got = jax.grad(got_loss, argnums=(0, 1, 2))(x, rw, b)
+  want = jax.grad(want_loss, argnums=(0, 1, 2))(x, rw, b)
+  for name, g, r in zip(("dx", "drouter_w", "dlogit_bias"), got, want):
+    assert np.all(np.isfinite(np.asarray(g))), name
+    assert float(jnp.linalg.norm(r)) > 1e-3, name
+    assert rel_err(g, r) <= 1e-5, (name, rel_err(g, r))
+  # The balance loss alone (the scores' cotangent zero) reaches the router too.
+  def aux_loss(rw):
+    plan, mean_p = routing.route(x, rw, top_k=k, routing=rounding, impl=impl,
+                                 interpret=interpret, return_mean_probs=True)
+    return routing.load_balancing_loss_from_mean(mean_p, plan)
+
+  aux_only = jax.grad(aux_loss)(rw)
+  aux_want = jax.grad(lambda rw: routing.load_balancing_loss(
+      router_logits(x, rw), routing.route_logits(router_logits(x, rw), top_k=k,
+                                                 routing=rounding)))(rw)
+  assert float(jnp.linalg.norm(aux_want)) > 1e-4
+  assert rel_err(aux_only, aux_want) <= 1e-5
+
+
+def test_route_with_mean_probs_keeps_no_logits_for_the_backward():
+  t, d, e, k = 48, 16, 12, 2
+  x, rw, _ = _inputs(t, d, e, "none", jnp.bfloat16)
+
+  def f(x, rw):
+    plan, mean_p = routing.route(x, rw, top_k=k, return_mean_probs=True)
+    return jnp.sum(plan.scores) + routing.load_balancing_loss_from_mean(mean_p, plan)
+
+  shapes = _residual_shapes(f, x, rw)
+  assert not [s for s in shapes if s[0] == (t, e)], shapes
+  # load_balancing_loss on the logits keeps the (T, E) softmax for its backward.
+  ref = _residual_shapes(lambda x, rw: routing.load_balancing_loss(
+      router_logits(x, rw), routing.route(x, rw, top_k=k)), x, rw)
+  assert [s for s in ref if s[0] == (t, e)], ref
+
+
 def test_moe_gradients_unchanged_by_recomputed_router():
   """The whole layer's router gradient through sonic_jax.moe equals that of a plan built from
   route_logits (the path before route() recomputed the logits)."""
