@@ -297,8 +297,9 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
       w2 = jax.lax.all_gather(w2, cfg.fsdp_axis, axis=2, tiled=True)
     if cfg.expert_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
-    plan, mean_p = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
-                         impl=routing_impl, return_mean_probs=True)
+    routed = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                   impl=routing_impl, return_mean_probs=return_aux_loss)
+    plan, mean_p = routed if return_aux_loss else (routed, None)
     if cfg.expert_axis is None:
       out = moe_experts(x, plan, w1, w2, backend=backend)
     else:
