@@ -265,3 +265,28 @@ def test_gpu_route_matches_route_logits(impl):
   shapes = _residual_shapes(lambda x, rw: _route(x, rw, None, k, True, impl, False).scores,
                             x, rw)
   assert not [s for s in shapes if s[0] == (t, e)], shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", gpu_triton_impls())
+def test_gpu_route_mean_probs_gradients(impl):
+  """return_mean_probs at Qwen3's router shape: scores + balance loss gradients against autodiff
+  of route_logits + load_balancing_loss (bf16 x / router_w)."""
+  t, d, e, k = 16384, 2048, 128, 8
+  x, rw, _ = _inputs(t, d, e, "none", jnp.bfloat16, seed=12)
+  w = jax.random.normal(jax.random.key(9), (t * k,), jnp.float32)
+
+  def got_loss(x, rw):
+    plan, mean_p = routing.route(x, rw, top_k=k, impl=impl, return_mean_probs=True)
+    return jnp.sum(plan.scores * w) + 30.0 * routing.load_balancing_loss_from_mean(mean_p, plan)
+
+  def want_loss(x, rw):
+    logits = router_logits(x, rw)
+    plan = routing.route_logits(logits, top_k=k)
+    return jnp.sum(plan.scores * w) + 30.0 * routing.load_balancing_loss(logits, plan)
+
+  got = jax.jit(jax.grad(got_loss, argnums=(0, 1)))(x, rw)
+  want = jax.jit(jax.grad(want_loss, argnums=(0, 1)))(x, rw)
+  for name, g, r in zip(("dx", "drouter_w"), got, want):
+    assert np.all(np.isfinite(np.asarray(g, np.float32))), name
+    assert rel_err(g, r) <= 1e-2, (name, rel_err(g, r))
