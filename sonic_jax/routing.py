@@ -218,7 +218,7 @@ def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   top_p, top_e = jax.lax.top_k(probs, top_k)
   if rounding is None:
-    return _plan_from_top_k(top_p, top_e, num_experts, renormalize, "xla", interpret)
+    return plan_from_top_k(top_p, top_e, num_experts, renormalize, "xla", interpret)
   denom = jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else None
   return _token_rounding_plan(probs, top_p, top_e, denom, rounding, top_k,
                               select_impl=impl, interpret=interpret)
@@ -329,15 +329,17 @@ def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = 
   if impl != "xla":
     from sonic_jax import triton as triton_routing
     impl = triton_routing.resolve_route_impl(impl)
-  top_p, top_e, *mean_p = router_top_k(x, router_w, top_k, logit_bias=logit_bias, impl=impl,
-                                       interpret=interpret, mean_probs=return_mean_probs)
-  plan = _plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret)
+  top_p, top_e, *mean_p = _router_top_k(x, router_w, int(top_k), logit_bias, impl,
+                                        bool(interpret), bool(return_mean_probs))
+  plan = plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret)
   return (plan, mean_p[0]) if return_mean_probs else plan
 
 
-def _plan_from_top_k(top_p, top_e, num_experts: int, renormalize: bool, impl: str,
-                     interpret: bool) -> RoutingPlan:
-  """Top-K probabilities / experts (T, K) -> RoutingPlan (scores renormalized if asked)."""
+def plan_from_top_k(top_p, top_e, num_experts: int, renormalize: bool, impl: str,
+                    interpret: bool = False, config=None) -> RoutingPlan:
+  """Top-K probabilities / experts (T, K) -> RoutingPlan (scores renormalized if asked); the
+  metadata from XLA (impl "xla") or from ``sonic_jax.triton.plan_from_assignments`` (with its
+  ``MetadataConfig`` ``config``)."""
   num_tokens, top_k = top_p.shape
   scores = top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p
   token_ids = jnp.repeat(jnp.arange(num_tokens, dtype=jnp.int32), top_k)
@@ -348,7 +350,7 @@ def _plan_from_top_k(top_p, top_e, num_experts: int, renormalize: bool, impl: st
   from sonic_jax import triton as triton_routing
   return triton_routing.plan_from_assignments(*args, num_tokens=num_tokens,
                                               num_experts=num_experts, top_k=top_k, impl=impl,
-                                              interpret=interpret)
+                                              config=config, interpret=interpret)
 
 
 def _validate_logit_bias(logit_bias, num_experts: int) -> None:
@@ -375,10 +377,15 @@ def softmax_top_k_grad(logits: jax.Array, top_p: jax.Array, top_e: jax.Array,
   scatter is a compare against each row's K experts (distinct, so at most one term is nonzero:
   the scatter-add's bits), which XLA fuses with the softmax instead of a separate scatter.
   """
-  p_full = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  return _top_k_grad_from_probs(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), top_p,
+                                top_e, g_p)
+
+
+def _top_k_grad_from_probs(p_full, top_p, top_e, g_p):
+  """``softmax_top_k_grad`` given p_full = softmax(logits) (T, E) fp32."""
   gp = g_p.astype(jnp.float32) * top_p
   dl = -p_full * jnp.sum(gp, axis=-1, keepdims=True)
-  hit = top_e[:, None, :] == jnp.arange(logits.shape[1], dtype=top_e.dtype)[None, :, None]
+  hit = top_e[:, None, :] == jnp.arange(p_full.shape[1], dtype=top_e.dtype)[None, :, None]
   return dl + jnp.sum(jnp.where(hit, gp[:, None, :], 0.0), axis=-1)
 
 
@@ -414,9 +421,9 @@ def _router_top_k_bwd(top_k, impl, interpret, with_mean, res, g):
   logits = router_logits(x, router_w)
   if logit_bias is not None:
     logits, pull_bias = jax.vjp(lambda b: logits + b.astype(jnp.float32), logit_bias)
-  dl = softmax_top_k_grad(logits, top_p, top_e, g_p)
+  p_full = jax.nn.softmax(logits, axis=-1)
+  dl = _top_k_grad_from_probs(p_full, top_p, top_e, g_p)
   if with_mean:  # d mean_t p_t / d l_t = p_t (g - <p_t, g>) / T
-    p_full = jax.nn.softmax(logits, axis=-1)
     g_m = g_m.astype(jnp.float32)[None, :]
     dl = dl + p_full * (g_m - jnp.sum(p_full * g_m, axis=-1, keepdims=True)) / logits.shape[0]
   # The GEMMs' transposes take dl in the operands' dtype (bf16 in training), fp32 accumulation:
@@ -493,5 +500,5 @@ def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
 
 
 __all__ = ["RoutingPlan", "TokenRounding", "route", "route_logits", "router_logits",
-           "router_top_k", "biased_router_logits", "softmax_top_k_grad",
+           "router_top_k", "plan_from_top_k", "biased_router_logits", "softmax_top_k_grad",
            "load_balancing_loss", "load_balancing_loss_from_mean", "wasted_ratio"]

@@ -193,7 +193,7 @@ def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
   topk_impl: "xla" (``lax.top_k``), "jax_triton" or "pallas_triton" (default: impl).
   Token rounding is not implemented here; such ``routing`` goes to the xla routing.
   """
-  from sonic_jax.routing import validate_routing_args
+  from sonic_jax.routing import plan_from_top_k, validate_routing_args
   rounding = validate_routing_args(logits, top_k, routing)
   if rounding is not None:
     return xla_route_logits(logits, top_k=top_k, renormalize=renormalize, routing=rounding)
@@ -201,18 +201,14 @@ def route_logits(logits: jax.Array, *, top_k: int, renormalize: bool = True,
   topk_impl = topk_impl or impl
   if topk_impl != "xla":
     tri.validate_impl(topk_impl)
-  num_tokens, num_experts = logits.shape
+  num_experts = logits.shape[1]
   if topk_impl == "xla":
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     top_p, top_e = jax.lax.top_k(probs, top_k)
   else:
     from sonic_jax.triton.topk import topk_softmax
     top_p, top_e = topk_softmax(logits, top_k, impl=topk_impl, interpret=interpret)
-  scores = top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p
-  token_ids = jnp.repeat(jnp.arange(num_tokens, dtype=_I32), top_k)
-  return plan_from_assignments(token_ids, top_e.reshape(-1), scores.reshape(-1),
-                               num_tokens=num_tokens, num_experts=num_experts, top_k=top_k,
-                               impl=impl, config=config, interpret=interpret)
+  return plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret, config)
 
 
 __all__ = ["MetadataConfig", "routing_metadata", "plan_from_assignments", "route_logits"]
