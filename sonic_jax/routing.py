@@ -487,10 +487,17 @@ def load_balancing_loss(logits: jax.Array, plan: RoutingPlan) -> jax.Array:
 def load_balancing_loss_from_mean(mean_probs: jax.Array, plan: RoutingPlan) -> jax.Array:
   """``load_balancing_loss`` from mean_t softmax(logits)_t (E,), e.g. ``route(...,
   return_mean_probs=True)``'s: E · Σ_e mean_probs_e · f_e / Σ f (fp32 scalar)."""
-  freq = plan.group_sizes.astype(jnp.float32)
+  return balance_loss(mean_probs, plan.group_sizes)
+
+
+def balance_loss(mean_probs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+  """E · Σ_e mean_probs_e · f_e / Σ f for mean_probs (E,) and the experts' pair counts f (E,)
+  (no gradient through f): ``load_balancing_loss_from_mean``'s formula, for callers that sum
+  mean_probs and f over devices first (``sharded_moe``)."""
+  freq = group_sizes.astype(jnp.float32)
   freq = freq / jnp.maximum(jnp.sum(freq), 1.0)
-  return plan.num_experts * jnp.sum(mean_probs.astype(jnp.float32) *
-                                    jax.lax.stop_gradient(freq))
+  return mean_probs.shape[0] * jnp.sum(mean_probs.astype(jnp.float32) *
+                                       jax.lax.stop_gradient(freq))
 
 
 def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
@@ -501,4 +508,4 @@ def wasted_ratio(plan: RoutingPlan, tile: int) -> jax.Array:
 
 __all__ = ["RoutingPlan", "TokenRounding", "route", "route_logits", "router_logits",
            "router_top_k", "plan_from_top_k", "biased_router_logits", "softmax_top_k_grad",
-           "load_balancing_loss", "load_balancing_loss_from_mean", "wasted_ratio"]
+           "load_balancing_loss", "load_balancing_loss_from_mean", "balance_loss", "wasted_ratio"]

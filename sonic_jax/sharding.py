@@ -64,7 +64,7 @@ from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.nn import LOGICAL_AXES, MoE
-from sonic_jax.routing import (RoutingPlan, TokenRounding, route,
+from sonic_jax.routing import (RoutingPlan, TokenRounding, balance_loss, route,
                                validate_router_args, validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 from sonic_jax.xla_backend import XlaKernels
@@ -310,10 +310,8 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
                capacity=capacity, backend=backend)
     if not return_aux_loss:
       return out
-    mean_p = jax.lax.pmean(mean_p, cfg.token_axes)
-    freq = jax.lax.psum(plan.group_sizes.astype(jnp.float32), cfg.token_axes)
-    freq = jax.lax.stop_gradient(freq / jnp.maximum(jnp.sum(freq), 1.0))
-    return out, e * jnp.sum(mean_p * freq)
+    return out, balance_loss(jax.lax.pmean(mean_p, cfg.token_axes),
+                             jax.lax.psum(plan.group_sizes.astype(jnp.float32), cfg.token_axes))
 
   out_specs = (cfg.token_spec, P()) if return_aux_loss else cfg.token_spec
   # check_vma=False: kernel outputs (pallas_call / ffi_call results declared with plain
