@@ -22,6 +22,10 @@ size_t grouped_gemm_workspace_bytes(GemmKind kind, int config, int num_groups) {
       return varlen_m_gather_workspace_bytes(false, config, num_groups);
     case GemmKind::kVarlenMGatherNTF32:
       return varlen_m_gather_workspace_bytes(true, config, num_groups);
+    case GemmKind::kVarlenMGatherSwiGLU:
+      return varlen_m_fused_workspace_bytes(false, config, num_groups);
+    case GemmKind::kVarlenMGatherDSwiGLU:
+      return varlen_m_fused_workspace_bytes(true, config, num_groups);
     default: return 0;
   }
 }
@@ -37,6 +41,8 @@ std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams&
     case GemmKind::kVarlenKBf16: return run_varlen_k(false, config, p, stream);
     case GemmKind::kVarlenMGatherNNBf16: return run_varlen_m_gather(false, config, p, stream);
     case GemmKind::kVarlenMGatherNTF32: return run_varlen_m_gather(true, config, p, stream);
+    case GemmKind::kVarlenMGatherSwiGLU: return run_varlen_m_fused(false, config, p, stream);
+    case GemmKind::kVarlenMGatherDSwiGLU: return run_varlen_m_fused(true, config, p, stream);
     default: return "unknown GEMM kind " + std::to_string(static_cast<int>(kind));
   }
 }
@@ -115,6 +121,12 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   if (auto e = check(!is_gather_kind(k), "grouped_gemm: GEMM kind " + std::to_string(kind) +
                                              " gathers its A rows; call "
                                              "sonic_jax_gathered_grouped_gemm");
+      e.failure()) return e;
+  if (auto e = check(!is_fused_epilogue_kind(k), "grouped_gemm: GEMM kind " +
+                                                     std::to_string(kind) +
+                                                     " has a fused epilogue; call "
+                                                     "sonic_jax_up_proj_swiglu / "
+                                                     "sonic_jax_dh_dswiglu");
       e.failure()) return e;
   const int num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
   GroupedGemmParams p{};
@@ -203,6 +215,108 @@ ffi::Error GatheredGroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t co
   p.src_rows = sd[0];
   std::string err = run_grouped_gemm(k, config, p, stream);
   if (!err.empty()) return ffi::Error::Internal("gathered_grouped_gemm: " + err);
+  return ffi::Error::Success();
+}
+
+// Shared checks of the fused-epilogue GEMMs: src (T, K) with gather_idx (P,) when `gathered`,
+// else (P, K); b (E, ., .) bf16 with the K and n given; P < 2^31; K and n multiples of 8.
+ffi::Error check_fused_operands(const char* name, bool gathered, ffi::AnyBuffer::Dimensions sd,
+                                ffi::AnyBuffer::Dimensions idx, ffi::AnyBuffer::Dimensions bd,
+                                int64_t num_groups, int64_t cap, int64_t k, int64_t n) {
+  const std::string shapes = std::string(name) + ": src " + dims_str(sd) + ", gather_idx " +
+                             dims_str(idx) + ", b " + dims_str(bd);
+  if (auto e = check(num_groups >= 1 && bd[0] == num_groups && sd[1] == k && k % 8 == 0 &&
+                         n % 8 == 0 && n > 0 && cap < (int64_t(1) << 31),
+                     shapes + ": need b (E, ...) with E = len(group_offsets) - 1, src (., K), "
+                              "K and n multiples of 8");
+      e.failure()) return e;
+  return check(gathered ? idx[0] == cap : sd[0] == cap,
+               shapes + (gathered ? ": gather_idx must have one entry per output row"
+                                  : ": without a gather, src must have one row per output row"));
+}
+
+// config: GemmConfig (4 or 5), gathered: 1 = src rows through gather_idx, 0 = src is (P, K).
+// src, gather_idx (P,) s32, w1 (E, K, 2n) bf16, group_offsets (E+1,) -> h (P, 2n) bf16 or (0, 2n)
+// (not written: inference), a (P, n) bf16, workspace u8.
+ffi::Error UpProjSwigluImpl(cudaStream_t stream, int32_t config, int32_t gathered,
+                            ffi::Buffer<ffi::BF16, 2> src, ffi::Buffer<ffi::S32, 1> idx,
+                            ffi::Buffer<ffi::BF16, 3> w1, ffi::Buffer<ffi::S32, 1> offsets,
+                            ffi::ResultBuffer<ffi::BF16, 2> h, ffi::ResultBuffer<ffi::BF16, 2> a,
+                            ffi::ResultBuffer<ffi::U8, 1> workspace) {
+  note_call(stream);
+  auto wd = w1.dimensions(), ad = a->dimensions(), hd = h->dimensions();
+  const int64_t cap = ad[0], n = wd[2] / 2, k = wd[1];
+  if (auto e = check_fused_operands("up_proj_swiglu", gathered != 0, src.dimensions(),
+                                    idx.dimensions(), wd, offsets.dimensions()[0] - 1, cap, k, n);
+      e.failure()) return e;
+  if (auto e = check(wd[2] % 2 == 0 && ad[1] == n && hd[1] == 2 * n && (hd[0] == cap || hd[0] == 0),
+                     "up_proj_swiglu: need w1 (E, K, 2n), a (P, n) and h (P, 2n) or (0, 2n); got "
+                     "w1 " + dims_str(wd) + ", a " + dims_str(ad) + ", h " + dims_str(hd));
+      e.failure()) return e;
+  GroupedGemmParams p{};
+  p.a = src.untyped_data();
+  p.b = w1.untyped_data();
+  p.group_offsets = offsets.typed_data();
+  p.num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.workspace = workspace->untyped_data();
+  p.workspace_bytes = workspace->size_bytes();
+  p.gather_idx = gathered ? idx.typed_data() : nullptr;
+  p.src_rows = src.dimensions()[0];
+  p.h_out = hd[0] == 0 ? nullptr : h->untyped_data();
+  p.a_out = a->untyped_data();
+  std::string err = run_grouped_gemm(GemmKind::kVarlenMGatherSwiGLU, config, p, stream);
+  if (!err.empty()) return ffi::Error::Internal("up_proj_swiglu: " + err);
+  return ffi::Error::Success();
+}
+
+// config: GemmConfig (4 or 5), gathered as above. src dO, gather_idx (P,), w2 (E, n, K) bf16,
+// h (P, 2n) bf16, s (P,) f32, group_offsets -> dh (P, 2n) bf16, a' (P, n) bf16,
+// ds_part (P, ceil(n / tile N)) f32 (the caller sums its columns), workspace u8.
+ffi::Error DhDSwigluImpl(cudaStream_t stream, int32_t config, int32_t gathered,
+                         ffi::Buffer<ffi::BF16, 2> src, ffi::Buffer<ffi::S32, 1> idx,
+                         ffi::Buffer<ffi::BF16, 3> w2, ffi::Buffer<ffi::BF16, 2> h,
+                         ffi::Buffer<ffi::F32, 1> s, ffi::Buffer<ffi::S32, 1> offsets,
+                         ffi::ResultBuffer<ffi::BF16, 2> dh, ffi::ResultBuffer<ffi::BF16, 2> a_prime,
+                         ffi::ResultBuffer<ffi::F32, 2> ds_part,
+                         ffi::ResultBuffer<ffi::U8, 1> workspace) {
+  note_call(stream);
+  auto wd = w2.dimensions(), hd = h.dimensions(), dd = ds_part->dimensions();
+  const int64_t cap = hd[0], n = wd[1], k = wd[2];
+  if (auto e = check_fused_operands("dh_dswiglu", gathered != 0, src.dimensions(),
+                                    idx.dimensions(), wd, offsets.dimensions()[0] - 1, cap, k, n);
+      e.failure()) return e;
+  const int tile_n = fused_epilogue_tile_n(GemmKind::kVarlenMGatherDSwiGLU, config);
+  if (auto e = check(tile_n > 0, "dh_dswiglu: config " + std::to_string(config) +
+                                     " is not instantiated");
+      e.failure()) return e;
+  if (auto e = check(hd[1] == 2 * n && s.dimensions()[0] == cap &&
+                         dh->dimensions()[0] == cap && dh->dimensions()[1] == 2 * n &&
+                         a_prime->dimensions()[0] == cap && a_prime->dimensions()[1] == n &&
+                         dd[0] == cap && dd[1] == (n + tile_n - 1) / tile_n,
+                     "dh_dswiglu: need w2 (E, n, K), h / dh (P, 2n), s (P,), a' (P, n), ds_part "
+                     "(P, ceil(n / " + std::to_string(tile_n) + ")); got w2 " + dims_str(wd) +
+                         ", h " + dims_str(hd) + ", ds_part " + dims_str(dd));
+      e.failure()) return e;
+  GroupedGemmParams p{};
+  p.a = src.untyped_data();
+  p.b = w2.untyped_data();
+  p.group_offsets = offsets.typed_data();
+  p.num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.workspace = workspace->untyped_data();
+  p.workspace_bytes = workspace->size_bytes();
+  p.gather_idx = gathered ? idx.typed_data() : nullptr;
+  p.src_rows = src.dimensions()[0];
+  p.h_in = h.untyped_data();
+  p.scores = s.typed_data();
+  p.dh_out = dh->untyped_data();
+  p.a_prime_out = a_prime->untyped_data();
+  p.ds_part = ds_part->typed_data();
+  std::string err = run_grouped_gemm(GemmKind::kVarlenMGatherDSwiGLU, config, p, stream);
+  if (!err.empty()) return ffi::Error::Internal("dh_dswiglu: " + err);
   return ffi::Error::Success();
 }
 
@@ -297,6 +411,7 @@ ffi::Error CombineUnweightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> 
 
 using sonic::handlers::CombineUnweightedImpl;
 using sonic::handlers::CombineWeightedImpl;
+using sonic::handlers::DhDSwigluImpl;
 using sonic::handlers::DSwigluImpl;
 using sonic::handlers::GatheredGroupedGemmImpl;
 using sonic::handlers::GatherRowsImpl;
@@ -305,6 +420,7 @@ using sonic::handlers::ScatterRowsImpl;
 using sonic::handlers::SwigluAImpl;
 using sonic::handlers::SwigluFromHImpl;
 using sonic::handlers::SwigluHAImpl;
+using sonic::handlers::UpProjSwigluImpl;
 
 using Stream = ffi::PlatformStream<cudaStream_t>;
 // Every handler only enqueues work on the stream (sizes read on the device, no host sync, host
@@ -314,6 +430,7 @@ using Stream = ffi::PlatformStream<cudaStream_t>;
   { ffi::Traits::kCmdBufferCompatible }
 // Aliases: template arguments with commas cannot go through the handler macro.
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
+using Bf16Tensor3 = ffi::Buffer<ffi::BF16, 3>;
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using F32Vector = ffi::Buffer<ffi::F32, 1>;
 using S32Vector = ffi::Buffer<ffi::S32, 1>;
@@ -358,6 +475,37 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatheredGroupedGemm, GatheredGroupedGemmImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<S32Vector>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<U8Vector>(),
+                              SONIC_CMD_BUFFER);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicUpProjSwiglu, UpProjSwigluImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Attr<int32_t>("config")
+                                  .Attr<int32_t>("gathered")
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<Bf16Tensor3>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<U8Vector>(),
+                              SONIC_CMD_BUFFER);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicDhDSwiglu, DhDSwigluImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Attr<int32_t>("config")
+                                  .Attr<int32_t>("gathered")
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<Bf16Tensor3>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<F32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<Bf16Matrix>()
+                                  .Ret<F32Matrix>()
                                   .Ret<U8Vector>(),
                               SONIC_CMD_BUFFER);
 
@@ -420,7 +568,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 4; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 5; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown
@@ -431,6 +579,12 @@ __attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(in
   if (config < 0 || config >= static_cast<int>(sonic::GemmConfig::kNumConfigs)) return -1;
   return static_cast<int64_t>(sonic::grouped_gemm_workspace_bytes(
       static_cast<sonic::GemmKind>(kind), config, num_groups));
+}
+
+// Output columns per tile of a fused-epilogue kind's config (dS_part has ceil(n / this)
+// columns), 0 when the pair is not instantiated.
+__attribute__((visibility("default"))) int sonic_jax_fused_tile_n(int kind, int config) {
+  return sonic::fused_epilogue_tile_n(static_cast<sonic::GemmKind>(kind), config);
 }
 
 // Handler invocations so far: all of them (captured == 0) or those made during stream capture.

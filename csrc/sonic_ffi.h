@@ -23,7 +23,11 @@ enum class GemmKind : int {
   // Varlen-K with bf16 D (fp32 accumulation): the weight gradients in the weights' dtype,
   // without an fp32 (E, M, N) buffer and a cast pass over it.
   kVarlenKBf16 = 7,
-  kNumKinds = 8,
+  // The gathered GEMM with the SwiGLU epilogues fused (gather_gemm.cuh; gather_idx may be null:
+  // A rows already gathered). Own FFI targets, since they have several outputs.
+  kVarlenMGatherSwiGLU = 8,   // up_proj: src[idx] · W1_e (K, 2n) -> H (P, 2n) bf16, A (P, n) bf16
+  kVarlenMGatherDSwiGLU = 9,  // dh: dO[idx] · W2_eᵀ, W2_e (n, K) -> dH, A', dS partial sums
+  kNumKinds = 10,
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
@@ -56,11 +60,27 @@ struct GroupedGemmParams {
   size_t workspace_bytes;
   const int32_t* gather_idx = nullptr;  // gather kinds: (P,), row p of A is a[gather_idx[p]]
   int64_t src_rows = 0;                 // gather kinds: rows of a (T); other indices read zeros
+  // Fused-epilogue kinds (n = the SwiGLU width, N of dA' and half of H's 2n columns):
+  void* h_out = nullptr;                // kVarlenMGatherSwiGLU: H (P, 2n), null = A only
+  void* a_out = nullptr;                // kVarlenMGatherSwiGLU: A (P, n)
+  const void* h_in = nullptr;           // kVarlenMGatherDSwiGLU: H (P, 2n)
+  const float* scores = nullptr;        // kVarlenMGatherDSwiGLU: s (P,)
+  void* dh_out = nullptr;               // kVarlenMGatherDSwiGLU: dH (P, 2n)
+  void* a_prime_out = nullptr;          // kVarlenMGatherDSwiGLU: A' (P, n)
+  float* ds_part = nullptr;             // kVarlenMGatherDSwiGLU: (P, ceil(n / tile N)) fp32
 };
 
 inline bool is_gather_kind(GemmKind k) {
   return k == GemmKind::kVarlenMGatherNNBf16 || k == GemmKind::kVarlenMGatherNTF32;
 }
+
+inline bool is_fused_epilogue_kind(GemmKind k) {
+  return k == GemmKind::kVarlenMGatherSwiGLU || k == GemmKind::kVarlenMGatherDSwiGLU;
+}
+
+// Output columns of one tile of a fused-epilogue kind (the width of dS_part is ceil(n / this)):
+// config 4 (128x128) covers 64 columns of A with SwiGLU and 128 of dA' with dSwiGLU.
+int fused_epilogue_tile_n(GemmKind kind, int config);
 
 // Bytes of workspace `run_grouped_gemm` needs for `num_groups` groups on the current device,
 // or 0 when (kind, config) is not instantiated.
@@ -86,6 +106,9 @@ std::string run_varlen_k(bool f32_out, int config, const GroupedGemmParams& p,
 size_t varlen_m_gather_workspace_bytes(bool nt_f32, int config, int num_groups);
 std::string run_varlen_m_gather(bool nt_f32, int config, const GroupedGemmParams& p,
                                 cudaStream_t stream);
+size_t varlen_m_fused_workspace_bytes(bool dswiglu, int config, int num_groups);
+std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams& p,
+                               cudaStream_t stream);
 
 // ---- Memory-bound kernels (elementwise.cu). bf16 is passed as raw 16-bit storage. ----
 

@@ -124,13 +124,18 @@ def test_gemm_kinds_match_the_header():
           "VarlenMNTF32": GemmKind.VARLEN_M_NT_F32, "VarlenMNTBf16": GemmKind.VARLEN_M_NT_BF16,
           "VarlenKF32": GemmKind.VARLEN_K_F32, "VarlenKBf16": GemmKind.VARLEN_K_BF16,
           "VarlenMGatherNNBf16": GemmKind.VARLEN_M_GATHER_NN_BF16,
-          "VarlenMGatherNTF32": GemmKind.VARLEN_M_GATHER_NT_F32}
+          "VarlenMGatherNTF32": GemmKind.VARLEN_M_GATHER_NT_F32,
+          "VarlenMGatherSwiGLU": GemmKind.VARLEN_M_GATHER_SWIGLU,
+          "VarlenMGatherDSwiGLU": GemmKind.VARLEN_M_GATHER_DSWIGLU}
   assert {k: int(v) for k, v in enum.items()} == {k: int(v) for k, v in want.items()}
   assert re.search(r"kNumKinds = (\d+)", text).group(1) == str(len(GemmKind))
   # C++ is_gather_kind and Python GATHER_KINDS name the same kinds.
   body = re.search(r"bool is_gather_kind\(GemmKind k\) \{([^}]*)\}", text).group(1)
   assert set(re.findall(r"GemmKind::k(\w+)", body)) == {
       k for k, v in want.items() if v in schedules.GATHER_KINDS}
+  body = re.search(r"bool is_fused_epilogue_kind\(GemmKind k\) \{([^}]*)\}", text).group(1)
+  assert set(re.findall(r"GemmKind::k(\w+)", body)) == {
+      k for k, v in want.items() if v in schedules.FUSED_EPILOGUE_KINDS}
 
 
 def test_gemm_configs_match_the_header_and_the_instantiations():
@@ -161,7 +166,10 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_BF16),
       # One switch serves both gathered kinds (templated on the kind's launcher).
       ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NN_BF16),
-      ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NT_F32)):
+      ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NT_F32),
+      # And one both fused-epilogue kinds.
+      ("gemm_varlen_m_swiglu.cu", "dispatch_fused(int", GemmKind.VARLEN_M_GATHER_SWIGLU),
+      ("gemm_varlen_m_swiglu.cu", "dispatch_fused(int", GemmKind.VARLEN_M_GATHER_DSWIGLU)):
     got = [(int(i), name) for i, name in cases(path, start)]
     want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
     assert got == want, (path, kind, got, want)
@@ -188,6 +196,7 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
   text = (CSRC / "ffi_handlers.cu").read_text()
   plain = text[text.index("ffi::Error GroupedGemmImpl("):text.index("ffi::Error GatheredGroupedGemmImpl(")]
   assert "check(!is_gather_kind(k)" in plain
+  assert "check(!is_fused_epilogue_kind(k)" in plain
   gathered = text[text.index("ffi::Error GatheredGroupedGemmImpl("):]
   assert "check(is_gather_kind(k)" in gathered
 
@@ -244,6 +253,55 @@ def test_grouped_gemm_refuses_gather_kinds():
   with pytest.raises(ValueError, match="VARLEN_M_GATHER_NT_F32 gathers its A rows"):
     ops.grouped_gemm(a, jnp.zeros((4, 64, 32), jnp.bfloat16), jnp.zeros((5,), jnp.int32),
                      GemmKind.VARLEN_M_GATHER_NT_F32)
+  with pytest.raises(ValueError, match="VARLEN_M_GATHER_SWIGLU has a fused epilogue"):
+    ops.grouped_gemm(a, jnp.zeros((4, 32, 64), jnp.bfloat16), jnp.zeros((5,), jnp.int32),
+                     GemmKind.VARLEN_M_GATHER_SWIGLU)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(w1=(4, 32, 63)), "w1 must be \\(E, d, 2n\\), got \\(4, 32, 63\\)"),
+    (dict(w1=(3, 32, 64)), "w1 must be \\(E, d, 2n\\) with E = group_offsets.shape\\[0\\] - 1 = 4"),
+    (dict(w1=(4, 40, 64)), "K = src.shape\\[1\\] = 32, got \\(4, 40, 64\\)"),
+    (dict(w1=(4, 32, 24)), "K and n must be multiples of 8 .* n=12"),
+    (dict(src_dtype=jnp.float32), "src must be bf16, got float32"),
+    (dict(config=GemmConfig.COOPERATIVE_128x256_C2x1),
+     "config must be one of .* for VARLEN_M_GATHER_SWIGLU, got 1"),
+])
+def test_up_proj_swiglu_rejects_bad_arguments(bad, match):
+  src = jnp.zeros((16, 32), bad.get("src_dtype", jnp.bfloat16))
+  w1 = jnp.zeros(bad.get("w1", (4, 32, 64)), jnp.bfloat16)
+  offs = jnp.array([0, 4, 8, 8, 12], jnp.int32)
+  with pytest.raises(ValueError, match="(up_proj_swiglu: .*)?" + match):
+    ops.up_proj_swiglu(src, jnp.zeros((16,), jnp.int32), w1, offs, config=bad.get("config"))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(h=(16, 48)), "h must be \\(P, 2n\\) = \\(P, 64\\) bf16, got \\(16, 48\\)"),
+    (dict(s=(15,)), "s must be \\(P,\\) = \\(16,\\), got \\(15,\\)"),
+    (dict(w2=(4, 32, 40)), "K = src.shape\\[1\\] = 32, got \\(4, 32, 40\\)"),
+    (dict(idx=(12,)), "gather_idx must be \\(P,\\) with P = 16, got \\(12,\\)"),
+    (dict(idx=None, src=(12, 32)), "without gather_idx, src must hold the 16 gathered rows"),
+])
+def test_dh_dswiglu_rejects_bad_arguments(bad, match):
+  src = jnp.zeros(bad.get("src", (16, 32)), jnp.bfloat16)
+  w2 = jnp.zeros(bad.get("w2", (4, 32, 32)), jnp.bfloat16)
+  h_shape = bad.get("h", (16, 64))
+  h = jnp.zeros(h_shape, jnp.bfloat16)
+  s = jnp.zeros(bad.get("s", (h_shape[0],)), jnp.float32)
+  idx_shape = bad.get("idx", (16,))
+  idx = None if idx_shape is None else jnp.zeros(idx_shape, jnp.int32)
+  offs = jnp.array([0, 4, 8, 8, 12], jnp.int32)
+  with pytest.raises(ValueError, match="dh_dswiglu: .*" + match):
+    ops.dh_dswiglu(src, idx, w2, h, s, offs)
+
+
+def test_ffi_kernels_fused_epilogue_switch():
+  assert FfiKernels().fused_epilogue is False  # opt-in until a GPU measures it faster
+  assert FfiKernels(fused_epilogue=True) != FfiKernels()
+  assert len({FfiKernels(), FfiKernels(fused_epilogue=True), FfiKernels(fused_epilogue=True)}) == 2
+  assert "fused_epilogue=True" in repr(FfiKernels(fused_epilogue=True))
+  with pytest.raises(ValueError, match="fused_epilogue must be a bool, got 1"):
+    FfiKernels(fused_epilogue=1)
 
 
 def test_handlers_are_marked_command_buffer_compatible():
@@ -384,10 +442,15 @@ def test_backward_entry_points_match_xla(routing, data):
     assert np.all(np.asarray(dw1)[empty] == 0) and np.all(np.asarray(dw2)[empty] == 0)
 
 
+_LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused_gather=True),
+                   "fused_epilogue": FfiKernels(fused_epilogue=True),
+                   "fused_both": FfiKernels(fused_gather=True, fused_epilogue=True)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused_gather", [False, True], ids=["gather_rows", "fused_gather"])
+@pytest.mark.parametrize("variant", list(_LAYER_BACKENDS))
 @pytest.mark.parametrize("routing", ["topk", "token_rounding"])
-def test_layer_forward_backward_matches_xla(routing, fused_gather):
+def test_layer_forward_backward_matches_xla(routing, variant):
   t, d, n, e, k = 1024, 512, 256, 12, 4
   ks = jax.random.split(jax.random.key(11), 5)
   x = jax.random.normal(ks[0], (t, d), jnp.bfloat16)
@@ -402,7 +465,7 @@ def test_layer_forward_backward_matches_xla(routing, fused_gather):
     return jnp.sum(out.astype(jnp.float32) * cot.astype(jnp.float32)), out
 
   results = {}
-  for backend in (FfiKernels(fused_gather=fused_gather), "xla"):
+  for backend in (_LAYER_BACKENDS[variant], "xla"):
     f = jax.jit(jax.value_and_grad(lambda *a, b=backend: loss(b, *a), argnums=(0, 1, 2, 3),
                                    has_aux=True))
     results[backend] = f(x, router_w, w1, w2)
@@ -679,6 +742,124 @@ def test_fused_gather_entry_points_match_xla(routing, data):
   h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)
   assert _rel(h, h_ref, rows) < BF16_TOL
   assert _rel(a, a_ref, rows) < BF16_TOL
+  s = plan.grouped_scores()
+  dh, a_prime, ds = jax.jit(fused.dh)(data["dout"], data["w2"], data["h"][:p], s, plan)
+  dh_r, a_prime_r, ds_r = ref.dh(data["dout"], data["w2"], data["h"][:p], s, plan)
+  assert _rel(dh, dh_r, rows) < BF16_TOL
+  assert _rel(a_prime, a_prime_r, rows) < BF16_TOL
+  assert _rel(ds, ds_r, rows) < F32_TOL
+
+
+# ------------------------------------------------ fused SwiGLU / dSwiGLU epilogues (issue #5)
+_FUSED_CONFIGS = list(schedules.INSTANTIATED[GemmKind.VARLEN_M_GATHER_SWIGLU])
+
+
+def _fused_problem(case: str):
+  """(x, dout, plan, w1, w2, h, s) for a fused-epilogue case; "ragged": P = 999, d = 200 (not a
+  multiple of 64), n = 136 (off every tile N), E = 5."""
+  if case == "ragged":
+    t, d, n, e = 333, 200, 136, 5
+    plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
+  else:
+    t, d, n, e = T, D, N, E
+    plan = _plans(T, E)[case]
+  ks = jax.random.split(jax.random.key(23), 6)
+  x = jax.random.normal(ks[0], (t, d), jnp.bfloat16)
+  dout = jax.random.normal(ks[1], (t, d), jnp.bfloat16)
+  w1 = (jax.random.normal(ks[2], (e, d, 2 * n)) / np.sqrt(d)).astype(jnp.bfloat16)
+  w2 = (jax.random.normal(ks[3], (e, n, d)) / np.sqrt(n)).astype(jnp.bfloat16)
+  h = jax.random.normal(ks[4], (plan.capacity, 2 * n), jnp.bfloat16)
+  s = jax.random.uniform(ks[5], (plan.capacity,), jnp.float32, 0.1, 1.0)
+  return x, dout, plan, w1, w2, h, s
+
+
+def _silu(g):
+  return g / (1.0 + np.exp(-g))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gathered", [True, False], ids=["in_kernel_gather", "pre_gathered"])
+@pytest.mark.parametrize("case", ROUTINGS + ["ragged"])
+@pytest.mark.parametrize("config", _FUSED_CONFIGS, ids=[c.name for c in _FUSED_CONFIGS])
+def test_fused_epilogue_kernels_match_fp64_reference(config, case, gathered):
+  """up_proj_swiglu's H and A and dh_dswiglu's dH, A' and dS, each against a float64 reference
+  (A from the bf16 H) and against the unfused kernels (gathered GEMM + elementwise pass)."""
+  x, dout, plan, w1, w2, h, s = _fused_problem(case)
+  offs, idx = plan.group_offsets, plan.gather_idx
+  rows = _rows(plan)
+  n = w2.shape[1]
+  src_x = x if gathered else ops.gather_rows(x, idx, offs)
+  src_do = dout if gathered else ops.gather_rows(dout, idx, offs)
+  g_idx = idx if gathered else None
+  up = jax.jit(lambda a, i, w, o: ops.up_proj_swiglu(a, i, w, o, config=config))
+  h_f, a_f = up(src_x, g_idx, w1, offs)
+  assert h_f.shape == (plan.capacity, 2 * n) and a_f.shape == (plan.capacity, n)
+  h64 = _gather_reference(x, plan, w1, GemmKind.VARLEN_M_GATHER_NN_BF16)
+  assert _rel(h_f, h64, rows) < GATHER_TOL, "H"
+  hb = np.asarray(jnp.asarray(h_f, jnp.float32), np.float64)  # A from the kernel's bf16 H
+  a64 = _silu(hb[:, :n]) * hb[:, n:]
+  assert _rel(a_f, a64, rows) < BF16_TOL, "A"
+  a_unfused = ops.swiglu_from_h(ops.gathered_grouped_gemm(
+      x, idx, w1, offs, GemmKind.VARLEN_M_GATHER_NN_BF16), offs)
+  assert _rel(a_f, a_unfused, rows) < BF16_TOL, "A vs unfused"
+  _, a_inf = jax.jit(lambda a, i, w, o: ops.up_proj_swiglu(a, i, w, o, write_h=False,
+                                                           config=config))(src_x, g_idx, w1, offs)
+  np.testing.assert_array_equal(np.asarray(a_inf, np.float32)[rows],
+                                np.asarray(a_f, np.float32)[rows])
+
+  dh_f, ap_f, ds_f = jax.jit(lambda *a: ops.dh_dswiglu(*a, config=config))(
+      src_do, g_idx, w2, h, s, offs)
+  da64 = _gather_reference(dout, plan, w2, GemmKind.VARLEN_M_GATHER_NT_F32)
+  hh = np.asarray(jnp.asarray(h, jnp.float32), np.float64)
+  g, u, s64 = hh[:, :n], hh[:, n:], np.asarray(s, np.float64)[:, None]
+  sig = 1.0 / (1.0 + np.exp(-g))
+  act = g * sig * u
+  dh64 = np.concatenate([s64 * da64 * u * sig * (1 + g * (1 - sig)), s64 * da64 * g * sig], 1)
+  assert _rel(dh_f, dh64, rows) < BF16_TOL, "dH"
+  assert _rel(ap_f, s64 * act, rows) < BF16_TOL, "A'"
+  assert _rel(ds_f, np.sum(da64 * act, axis=1), rows) < F32_TOL, "dS"
+  da_unfused = ops.gathered_grouped_gemm(dout, idx, w2, offs, GemmKind.VARLEN_M_GATHER_NT_F32)
+  dh_u, ap_u, ds_u = ops.dswiglu(da_unfused, h, s, offs)
+  assert _rel(dh_f, dh_u, rows) < BF16_TOL and _rel(ap_f, ap_u, rows) < BF16_TOL
+  assert _rel(ds_f, ds_u, rows) < F32_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", _FUSED_CONFIGS, ids=[c.name for c in _FUSED_CONFIGS])
+def test_fused_epilogue_kernels_are_deterministic_and_handle_no_rows(config):
+  x, dout, plan, w1, w2, h, s = _fused_problem("topk")
+  offs, idx = plan.group_offsets, plan.gather_idx
+  rows = _rows(plan)
+  up = jax.jit(lambda *a: ops.up_proj_swiglu(*a, config=config))
+  dh = jax.jit(lambda *a: ops.dh_dswiglu(*a, config=config))
+  first = [np.asarray(v, np.float32)[rows] for v in (*up(x, idx, w1, offs),
+                                                    *dh(dout, idx, w2, h, s, offs))]
+  for _ in range(2):
+    again = [np.asarray(v, np.float32)[rows] for v in (*up(x, idx, w1, offs),
+                                                      *dh(dout, idx, w2, h, s, offs))]
+    for a, b in zip(first, again):
+      np.testing.assert_array_equal(a, b)
+  # No live rows: no tiles, nothing written, no fault.
+  offs0 = jnp.zeros_like(offs)
+  jax.block_until_ready(up(x, idx, w1, offs0))
+  jax.block_until_ready(dh(dout, idx, w2, h, s, offs0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused_gather", [False, True], ids=["gather_rows", "fused_gather"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_fused_epilogue_entry_points_match_xla(routing, fused_gather, data):
+  plan = _plans(T, E)[routing]
+  p = plan.capacity
+  fused, ref = FfiKernels(fused_gather=fused_gather, fused_epilogue=True), XlaKernels()
+  rows = _rows(plan)
+  h, a = jax.jit(fused.up_proj)(data["x"], data["w1"], plan)
+  h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)
+  assert _rel(h, h_ref, rows) < BF16_TOL
+  assert _rel(a, a_ref, rows) < BF16_TOL
+  h_none, a_inf = jax.jit(lambda x, w, pl: fused.up_proj(x, w, pl, inference=True))(
+      data["x"], data["w1"], plan)
+  assert h_none is None and _rel(a_inf, a_ref, rows) < BF16_TOL
   s = plan.grouped_scores()
   dh, a_prime, ds = jax.jit(fused.dh)(data["dout"], data["w2"], data["h"][:p], s, plan)
   dh_r, a_prime_r, ds_r = ref.dh(data["dout"], data["w2"], data["h"][:p], s, plan)

@@ -16,6 +16,8 @@ TARGETS = {
     "sonic_jax_scatter_rows": "SonicScatterRows",
     "sonic_jax_grouped_gemm": "SonicGroupedGemm",
     "sonic_jax_gathered_grouped_gemm": "SonicGatheredGroupedGemm",
+    "sonic_jax_up_proj_swiglu": "SonicUpProjSwiglu",
+    "sonic_jax_dh_dswiglu": "SonicDhDSwiglu",
     "sonic_jax_swiglu_ha": "SonicSwigluHA",
     "sonic_jax_swiglu_a": "SonicSwigluA",
     "sonic_jax_swiglu_from_h": "SonicSwigluFromH",
@@ -23,7 +25,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 
 def _search_dirs() -> list[pathlib.Path]:
@@ -67,6 +69,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                   f"{ABI_VERSION}; rebuild it with `python -m sonic_jax.ffi.build`")
   lib.sonic_jax_gemm_workspace_bytes.restype = ctypes.c_int64
   lib.sonic_jax_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+  lib.sonic_jax_fused_tile_n.restype = ctypes.c_int
+  lib.sonic_jax_fused_tile_n.argtypes = [ctypes.c_int, ctypes.c_int]
   lib.sonic_jax_handler_calls.restype = ctypes.c_int64
   lib.sonic_jax_handler_calls.argtypes = [ctypes.c_int]
   return lib, None
@@ -96,6 +100,16 @@ def gemm_workspace_bytes(kind: int, config: int, num_groups: int) -> int:
   if n <= 0:
     raise ValueError(f"GEMM kind {kind} has no config {config} in {find_library()} "
                      f"(see csrc/sonic_ffi.h)")
+  return int(n)
+
+
+@functools.cache
+def fused_tile_n(kind: int, config: int) -> int:
+  """Output columns per tile of a fused-epilogue kind's config (dS_part is ceil(n / this)
+  wide); ValueError for a pair the library lacks."""
+  n = library().sonic_jax_fused_tile_n(kind, config)
+  if n <= 0:
+    raise ValueError(f"GEMM kind {kind} has no fused-epilogue config {config} in {find_library()}")
   return int(n)
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sonic_jax.ffi import _lib, schedules
-from sonic_jax.ffi.schedules import GATHER_KINDS, GemmConfig, GemmKind
+from sonic_jax.ffi.schedules import FUSED_EPILOGUE_KINDS, GATHER_KINDS, GemmConfig, GemmKind
 
 _BF16, _F32 = jnp.bfloat16, jnp.float32
 
@@ -47,6 +47,8 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
   kind = GemmKind(kind)
   if kind in GATHER_KINDS:
     raise ValueError(f"kind {kind.name} gathers its A rows: call gathered_grouped_gemm")
+  if kind in FUSED_EPILOGUE_KINDS:
+    raise ValueError(f"kind {kind.name} has a fused epilogue: call up_proj_swiglu or dh_dswiglu")
   num_groups = group_offsets.shape[0] - 1
   if kind in schedules.VARLEN_K_KINDS:
     out_shape = (num_groups, a.shape[1], b.shape[1])
@@ -109,6 +111,96 @@ def gathered_grouped_gemm(src: jax.Array, gather_idx: jax.Array, b: jax.Array,
                  src, gather_idx.astype(jnp.int32), b, group_offsets.astype(jnp.int32),
                  kind=np.int32(int(kind)), config=np.int32(int(config)))
   return out
+
+
+def _fused_rows(name: str, src: jax.Array, gather_idx: jax.Array | None, b: jax.Array,
+                group_offsets: jax.Array, k: int, n: int, b_form: str, rows: int | None = None):
+  """Checks shared by the fused-epilogue GEMMs; returns (P, idx, gathered)."""
+  if src.ndim != 2 or b.ndim != 3 or group_offsets.ndim != 1:
+    raise ValueError(f"{name}: need src (T, K), {b_form[0]} {b_form[1]} and group_offsets (E+1,); "
+                     f"got src {src.shape}, {b_form[0]} {b.shape}, group_offsets "
+                     f"{group_offsets.shape}")
+  for arg, arr in (("src", src), (b_form[0], b)):
+    if arr.dtype != _BF16:
+      raise ValueError(f"{name}: {arg} must be bf16, got {arr.dtype}")
+  num_groups = group_offsets.shape[0] - 1
+  if b.shape[0] != num_groups or k != src.shape[1]:
+    raise ValueError(f"{name}: {b_form[0]} must be {b_form[1]} with E = group_offsets.shape[0] - 1 "
+                     f"= {num_groups} and K = src.shape[1] = {src.shape[1]}, got {b.shape}")
+  if k % 8 or n % 8:
+    raise ValueError(f"{name}: K and n must be multiples of 8 (16-byte cp.async chunks), got "
+                     f"K={k}, n={n}")
+  if gather_idx is None:
+    p = src.shape[0] if rows is None else rows
+    if rows is not None and src.shape[0] != rows:
+      raise ValueError(f"{name}: without gather_idx, src must hold the {rows} gathered rows, got "
+                       f"src {src.shape}")
+    return p, jnp.zeros((1,), jnp.int32), 0
+  if gather_idx.ndim != 1 or (rows is not None and gather_idx.shape[0] != rows):
+    raise ValueError(f"{name}: gather_idx must be (P,) with P = {rows}, got {gather_idx.shape}")
+  return gather_idx.shape[0], gather_idx.astype(jnp.int32), 1
+
+
+def up_proj_swiglu(src: jax.Array, gather_idx: jax.Array | None, w1: jax.Array,
+                   group_offsets: jax.Array, *, write_h: bool = True,
+                   config: GemmConfig | int | None = None
+                   ) -> tuple[jax.Array | None, jax.Array]:
+  """up_proj in one kernel: H = src[gather_idx] · w1[e] (P, 2n) bf16 and A = silu(gate)·up
+  (P, n) bf16 (from the bf16 H, as the backward recomputes it) written by the GEMM's epilogue.
+
+  src (T, d) with gather_idx (P,), or the gathered rows (P, d) with gather_idx None; w1
+  (E, d, 2n) bf16 in the concat layout. write_h=False (inference) writes only A and returns
+  (None, A). Rows from group_offsets[-1] on are left unwritten.
+  """
+  if w1.ndim != 3 or w1.shape[2] % 2:
+    raise ValueError(f"up_proj_swiglu: w1 must be (E, d, 2n), got {w1.shape}")
+  n = w1.shape[2] // 2
+  p, idx, gathered = _fused_rows("up_proj_swiglu", src, gather_idx, w1, group_offsets,
+                                 w1.shape[1], n, ("w1", "(E, d, 2n)"))
+  kind = GemmKind.VARLEN_M_GATHER_SWIGLU
+  config = schedules.check(kind, schedules.pick(kind, n, w1.shape[1]) if config is None
+                           else config)
+  ws = _lib.gemm_workspace_bytes(int(kind), int(config), group_offsets.shape[0] - 1)
+  h, a, _ = _call("sonic_jax_up_proj_swiglu",
+                  (jax.ShapeDtypeStruct((p if write_h else 0, 2 * n), _BF16),
+                   jax.ShapeDtypeStruct((p, n), _BF16), jax.ShapeDtypeStruct((ws,), jnp.uint8)),
+                  src, idx, w1, group_offsets.astype(jnp.int32), config=np.int32(int(config)),
+                  gathered=np.int32(gathered))
+  return (h if write_h else None), a
+
+
+def dh_dswiglu(src: jax.Array, gather_idx: jax.Array | None, w2: jax.Array, h: jax.Array,
+               s: jax.Array, group_offsets: jax.Array,
+               config: GemmConfig | int | None = None
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """dh in one kernel: dA' = dO[gather_idx] · w2[e]ᵀ stays in the accumulators; the epilogue
+  loads H and s and writes dH = s·dSwiGLU(dA') (P, 2n) bf16, A' = s·A (P, n) bf16 and per-tile
+  sums of dS = ⟨dA', A⟩, which are added here -> dS (P,) fp32.
+
+  src dO (T, d) with gather_idx (P,), or (P, d) with gather_idx None; w2 (E, n, d) bf16;
+  h (P, 2n) bf16; s (P,) scores in grouped order.
+  """
+  if w2.ndim != 3:
+    raise ValueError(f"dh_dswiglu: w2 must be (E, n, d), got {w2.shape}")
+  n, k = w2.shape[1], w2.shape[2]
+  if h.ndim != 2 or h.shape[1] != 2 * n or h.dtype != _BF16:
+    raise ValueError(f"dh_dswiglu: h must be (P, 2n) = (P, {2 * n}) bf16, got {h.shape} {h.dtype}")
+  p = h.shape[0]
+  if s.shape != (p,):
+    raise ValueError(f"dh_dswiglu: s must be (P,) = ({p},), got {s.shape}")
+  _, idx, gathered = _fused_rows("dh_dswiglu", src, gather_idx, w2, group_offsets, k, n,
+                                 ("w2", "(E, n, d)"), rows=p)
+  kind = GemmKind.VARLEN_M_GATHER_DSWIGLU
+  config = schedules.check(kind, schedules.pick(kind, n, k) if config is None else config)
+  ws = _lib.gemm_workspace_bytes(int(kind), int(config), group_offsets.shape[0] - 1)
+  tile_n = _lib.fused_tile_n(int(kind), int(config))
+  dh, a_prime, ds_part, _ = _call(
+      "sonic_jax_dh_dswiglu",
+      (jax.ShapeDtypeStruct((p, 2 * n), _BF16), jax.ShapeDtypeStruct((p, n), _BF16),
+       jax.ShapeDtypeStruct((p, -(-n // tile_n)), _F32), jax.ShapeDtypeStruct((ws,), jnp.uint8)),
+      src, idx, w2, h, s.astype(_F32), group_offsets.astype(jnp.int32),
+      config=np.int32(int(config)), gathered=np.int32(gathered))
+  return dh, a_prime, jnp.sum(ds_part, axis=1)
 
 
 def swiglu(acc: jax.Array, group_offsets: jax.Array, *, write_h: bool = True

@@ -22,6 +22,9 @@ class GemmKind(enum.IntEnum):
   VARLEN_M_GATHER_NN_BF16 = 5  # B_e (K, N), bf16 out (up_proj)
   VARLEN_M_GATHER_NT_F32 = 6   # B_e (N, K) used transposed, fp32 out (dh)
   VARLEN_K_BF16 = 7     # varlen-K with bf16 out: weight gradients in the weights' dtype
+  # The gathered GEMM with the SwiGLU epilogues fused (ops.up_proj_swiglu / ops.dh_dswiglu).
+  VARLEN_M_GATHER_SWIGLU = 8   # up_proj: H (P, 2n) and A (P, n) from src[idx] · W1_e
+  VARLEN_M_GATHER_DSWIGLU = 9  # dh: dH, A' and dS from dO[idx] · W2_eᵀ
 
 
 VARLEN_K_KINDS = (GemmKind.VARLEN_K_F32, GemmKind.VARLEN_K_BF16)
@@ -30,6 +33,7 @@ F32_OUT_KINDS = (GemmKind.VARLEN_M_NN_F32, GemmKind.VARLEN_M_NT_F32, GemmKind.VA
 
 
 GATHER_KINDS = (GemmKind.VARLEN_M_GATHER_NN_BF16, GemmKind.VARLEN_M_GATHER_NT_F32)
+FUSED_EPILOGUE_KINDS = (GemmKind.VARLEN_M_GATHER_SWIGLU, GemmKind.VARLEN_M_GATHER_DSWIGLU)
 
 
 class GemmConfig(enum.IntEnum):
@@ -41,6 +45,8 @@ class GemmConfig(enum.IntEnum):
   # Gather kinds only: cp.async producer warpgroup, two consumer warpgroups, no cluster.
   GATHER_COOP_128x128 = 4
   GATHER_COOP_128x256 = 5
+  # The fused-epilogue kinds use the gather configs too. With SwiGLU a 128 x 256 tile holds 128
+  # gate and 128 up columns (128 columns of A); with dSwiGLU 256 columns of dA'.
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -60,6 +66,8 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
                              GemmConfig.COOPERATIVE_128x256_C1x2),
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
+    GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
+    GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
 }
 
 # Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
@@ -76,6 +84,9 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     # 10.292 ms, dh 4.324 vs 4.923 (benchmarks/results/raw/ffi-fused-h200-2026-12-03-s6/).
     GemmKind.VARLEN_M_GATHER_NN_BF16: GemmConfig.GATHER_COOP_128x256,
     GemmKind.VARLEN_M_GATHER_NT_F32: GemmConfig.GATHER_COOP_128x256,
+    # As for the plain gathered kinds (not swept yet).
+    GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_COOP_128x256,
+    GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_COOP_128x256,
 }
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:

@@ -12,7 +12,10 @@ and with the fastest schedule of each GEMM (--layer-only: the layer with the tab
 is). The opt-in fused gather (``FfiKernels(fused_gather=True)``, GitHub issue #5): the gathered
 up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA grouped GEMM
 (checked against it), and the layer with fused_gather=True (also with --layer-only).
-Prints the ``MEASURED`` entries for schedules.py.
+Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
+entry points and the layer under ``FfiKernels()``, ``FfiKernels(fused_epilogue=True)`` (SwiGLU /
+dSwiGLU in the GEMM's epilogue) and ``FfiKernels(fused_gather=True, fused_epilogue=True)``,
+each checked against the first.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
@@ -210,6 +213,59 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
   return out, picks
 
 
+EPILOGUE_VARIANTS = {
+    "separate": FfiKernels(),
+    "fused_epilogue": FfiKernels(fused_epilogue=True),
+    "fused_epilogue+gather": FfiKernels(fused_gather=True, fused_epilogue=True),
+}
+
+
+def run_fused_epilogue(t, d, n, e, k, iters):
+  """up_proj, dh and the layer under each of EPILOGUE_VARIANTS (checked against the first)."""
+  ks = jax.random.split(jax.random.key(0), 8)
+  plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
+  rows = int(plan.group_offsets[-1])
+  valid = np.arange(plan.capacity) < rows
+  bf, f32 = jnp.bfloat16, jnp.float32
+  x = jax.random.normal(ks[1], (t, d), bf)
+  w1 = (jax.random.normal(ks[2], (e, d, 2 * n)) / np.sqrt(d)).astype(bf)
+  w2 = (jax.random.normal(ks[3], (e, n, d)) / np.sqrt(n)).astype(bf)
+  dout = jax.random.normal(ks[4], (t, d), bf)
+  h = jax.random.normal(ks[5], (plan.capacity, 2 * n), bf)
+  s = jax.random.uniform(ks[6], (plan.capacity,), f32, 0.1, 1.0)
+  router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
+  out, refs = [], {}
+  for vname, kern in EPILOGUE_VARIANTS.items():
+    jax.clear_caches()
+    experts._expert_block.cache_clear()
+    moe = lambda x, r, w1, w2, b=kern: sonic_jax.moe(x, r, w1, w2, top_k=k, backend=b)
+    cases = [
+        ("up_proj", jax.jit(lambda x, w, pl, b=kern: b.up_proj(x, w, pl)), (x, w1, plan),
+         2 * rows * d * 2 * n),
+        ("dh", jax.jit(lambda o, w, hh, ss, pl, b=kern: b.dh(o, w, hh, ss, pl)),
+         (dout, w2, h, s, plan), 2 * rows * d * n),
+        ("layer fwd", jax.jit(moe), (x, router_w, w1, w2), 6 * t * k * d * n),
+        ("layer fwd+bwd", jax.jit(jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
+                                           argnums=(0, 1, 2, 3))),
+         (x, router_w, w1, w2), 18 * t * k * d * n),
+    ]
+    for name, f, args, flops in cases:
+      ms, timer, res = gpu_ms(f, *args, iters=iters)
+      res = [r for r in jax.tree.leaves(res)]
+      if name in ("up_proj", "dh"):
+        res = [r[valid] for r in res]
+      if name not in refs:
+        refs[name] = res
+        err = 0.0
+      else:
+        err = max(_rel(a, b) for a, b in zip(res, refs[name]))
+      out.append(dict(kind="fused_epilogue", name=name, variant=vname, ffi_ms=ms,
+                      ffi_tflops=flops / ms / 1e9, rel_err_vs_separate=err, timer=timer))
+      print(f"  {name:14s} [{vname:22s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s | err vs "
+            f"separate {err:.1e}", flush=True)
+  return out, {}
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(prog="python -m sonic_jax.ffi.sweep", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -221,14 +277,21 @@ def main(argv=None):
   ap.add_argument("--fused-gather-only", action="store_true",
                   help="only the fused-gather GEMMs vs gather_rows + GEMM, and the layer with "
                        "and without FfiKernels(fused_gather=True)")
+  ap.add_argument("--fused-epilogue-only", action="store_true",
+                  help="only up_proj, dh and the layer with the SwiGLU / dSwiGLU epilogues "
+                       "separate and fused (FfiKernels(fused_epilogue=True), with and without "
+                       "fused_gather)")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   report = dict(device=dev.device_kind, jax=jax.__version__, iters=args.iters, results=[])
   for cfg in args.configs:
     t, d, n, e, k = map(int, cfg.split(","))
     print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
-    rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
-                             fused_only=args.fused_gather_only)
+    if args.fused_epilogue_only:
+      rows, picks = run_fused_epilogue(t, d, n, e, k, args.iters)
+    else:
+      rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
+                               fused_only=args.fused_gather_only)
     report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k), rows=rows,
                                   picks=picks))
     if args.json:  # after every config, so a timeout keeps what finished

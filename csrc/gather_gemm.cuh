@@ -1,0 +1,572 @@
+// Varlen-M grouped GEMM whose A rows are read through a row index inside the mainloop, shared by
+// the plain gathered kinds (gemm_varlen_m_gather.cu) and the fused-epilogue kinds
+// (gemm_varlen_m_swiglu.cu):
+//   D[p, :] = src[gather_idx[p], :] · op(B_e)   for p in [group_offsets[e], group_offsets[e+1]).
+// TMA cannot gather rows on Hopper, so one producer warpgroup moves 16-byte chunks of A (through
+// gather_idx) and of B_e with cp.async (zero-fill for rows past the group end and for the N / K
+// residues) into the swizzled shared-memory stages that CUTLASS's cp.async GMMA mainloop
+// (MainloopSm90CpAsyncGmmaWarpSpecialized) consumes; its `mma` runs on two consumer warpgroups.
+// cp.async writes shared memory through the generic proxy and WGMMA reads it through the async
+// proxy, so a stage is published only after the producer thread waited for its copies and
+// issued fence.proxy.async (one stage later than it was issued, keeping two stages in flight).
+// The kernel is persistent over a linear tile index: a metadata kernel in the same call turns
+// group_offsets into per-expert tile prefixes (workspace), and every warpgroup maps a tile id to
+// (expert, M block, N block) by binary search on them. Nothing is read on the host.
+//
+// Epilogues (Epi):
+//   kStore    D (bf16 or fp32) straight from the accumulators.
+//   kSwiGLU   up_proj: the B stage holds w1's gate columns [n0, n0 + BN/2) in its first half and
+//             the up columns [n + n0, ...) in its second, so each thread holds gate and up of the
+//             same (row, column) in its accumulators (checked on the host: layout_ok). Writes
+//             H = bf16([gate | up]) (P, 2n) and A = silu(g)·u (P, n) from the bf16 H, as the
+//             backward recomputes it.
+//   kDSwiGLU  dh: the accumulators are dA' = dO·W2ᵀ (P, n) in fp32; the epilogue loads H and the
+//             scores and writes dH = s·dSwiGLU(dA') (P, 2n), A' = s·A (P, n) and per-tile partial
+//             sums dS_part (P, n_tiles) of ⟨dA', A⟩ (reduced over the quad of lanes that share a
+//             row; the caller sums the n_tiles columns: no atomics, deterministic).
+// gather_idx == nullptr reads row p of src (already gathered, e.g. by scatter_rows).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cub/block/block_scan.cuh>
+
+#include "cutlass/arch/barrier.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "grouped_gemm.cuh"
+
+namespace sonic {
+namespace gather {
+
+using Bf16 = cutlass::bfloat16_t;
+
+// Tile schedules of the gather kinds (sonic::GemmConfig 4 and 5). Cooperative: the two consumer
+// warpgroups split the M rows of one tile. No setmaxnreg: all 384 threads fit in 168 registers
+// without spills (ptxas: 154-160 for 128x256), while taking the producer down to 40 spilled.
+struct GatherCoop128x128 {
+  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+};
+struct GatherCoop128x256 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+};
+
+// 16-byte cp.async through L2 only (gathered rows are shared by the CTAs of one M block, not by
+// the warps of one CTA); `bytes` = 0 writes zeros without reading `gmem`.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = cute::cast_smem_ptr_to_uint(smem);
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(bytes)
+               : "memory");
+}
+
+// What the consumers do with a finished accumulator tile (see the top of this file).
+enum class Epi { kStore, kSwiGLU, kDSwiGLU };
+
+// kNT: B_e is (N, K) row-major (used transposed); else (K, N) row-major. Out: D's type (kStore).
+template <bool kNT, class Out, class Config, Epi kEpi>
+struct GatherGemm {
+  using Tile = typename Config::Tile;
+  using OutType = Out;
+  static constexpr int kBM = cute::size<0>(Tile{});
+  static constexpr int kBN = cute::size<1>(Tile{});
+  static constexpr int kBK = cute::size<2>(Tile{});
+  static constexpr int kChunk = 8;  // bf16 elements per 16-byte cp.async
+  // Output columns per tile: kSwiGLU's BN accumulator columns are BN/2 gate and BN/2 up.
+  static constexpr int kTileN = kEpi == Epi::kSwiGLU ? kBN / 2 : kBN;
+  static constexpr bool kNTLayout = kNT;
+  static constexpr Epi kEpilogue = kEpi;
+  static constexpr bool kFused = kEpi != Epi::kStore;
+  static_assert(kEpi != Epi::kSwiGLU || !kNT, "the SwiGLU epilogue is up_proj's (B_e (K, 2n))");
+  static_assert(kEpi != Epi::kDSwiGLU || kNT, "the dSwiGLU epilogue is dh's (B_e = W2_e (n, d))");
+  using LayoutB = cute::conditional_t<kNT, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+
+  // Only the mainloop's types and its consumer half are used: TiledMma, the swizzled stage
+  // layouts, the stage count and the PipelineAsync the producer below fills.
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor,
+      kChunk, Bf16, LayoutB, kChunk, float, Tile, cute::Shape<cute::_1, cute::_1, cute::_1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipeState = typename Mainloop::PipelineState;
+  using SmemLayoutA = typename Mainloop::SmemLayoutA;  // (BM, BK, stages)
+  using SmemLayoutB = typename Mainloop::SmemLayoutB;  // (BN, BK, stages)
+
+  static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kMmaThreads = cute::size(TiledMma{});
+  static constexpr int kThreads = kProducerThreads + kMmaThreads;
+  static_assert(kMmaThreads == 2 * cutlass::NumThreadsPerWarpGroup, "two consumer warpgroups");
+  static_assert(kBK % kChunk == 0 && kProducerThreads % (kBK / kChunk) == 0);
+  static_assert(kBN % kChunk == 0 && kProducerThreads % (kBN / kChunk) == 0);
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+
+  struct Params {
+    const Bf16* src;                 // (T, K); (P, K) when gather_idx is null
+    const int32_t* gather_idx;       // (P,), or null: row p of src
+    const Bf16* b;                   // (E, K, ldb) or (E, N, K)
+    int64_t b_group_stride;          // elements from B_e to B_{e+1}
+    int ldb;                         // row stride of B_e: N (plain NN), 2n (kSwiGLU) or K (NT)
+    Out* d;                          // kStore: (P, N)
+    Bf16* h_out;                     // kSwiGLU: H (P, 2n), or null (inference: A only)
+    Bf16* a_out;                     // kSwiGLU: A (P, n)
+    const Bf16* h_in;                // kDSwiGLU: H (P, 2n)
+    const float* scores;             // kDSwiGLU: s (P,)
+    Bf16* dh_out;                    // kDSwiGLU: dH (P, 2n)
+    Bf16* a_prime_out;               // kDSwiGLU: A' (P, n)
+    float* ds_part;                  // kDSwiGLU: (P, n_tiles) partial sums of dS
+    const int32_t* group_offsets;    // (E + 1,)
+    const int32_t* tile_start;       // (E + 1,): first linear tile of each expert, [E] = total
+    int num_groups;
+    int n;                           // output columns: N (kStore), n (both SwiGLU epilogues)
+    int k, n_tiles;
+    int64_t src_rows;                // T: gather indices outside [0, T) read as zero rows
+  };
+
+  // One output tile: rows [row0, row0 + rows) of D (all in expert e), columns [n0, n0 + BN).
+  struct TileCoord {
+    int e, row0, rows, n0;
+  };
+
+  static __device__ TileCoord locate(const Params& p, int tile, int n_tiles) {
+    // The largest e with tile_start[e] <= tile: empty experts share their successor's start, so
+    // this is the one non-empty expert whose range holds the tile.
+    int lo = 0, hi = p.num_groups;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (__ldg(p.tile_start + mid) <= tile) lo = mid; else hi = mid;
+    }
+    const int local = tile - __ldg(p.tile_start + lo);
+    const int m_blk = local / n_tiles;  // N blocks vary fastest: neighbouring CTAs share A rows
+    const int start = __ldg(p.group_offsets + lo) + m_blk * kBM;
+    const int end = __ldg(p.group_offsets + lo + 1);
+    return {lo, start, min(kBM, end - start), (local - m_blk * n_tiles) * kTileN};
+  }
+
+  // Producer-side publication of filled stages. A stage's copies are one cp.async group; it is
+  // published (full-barrier arrive) once the group after it has been issued, after waiting for
+  // it and fencing, so that each thread keeps kLag + 1 stages of copies in flight. kLag must be
+  // <= stages - 2: the consumers release stage s only after consuming stage s + 1.
+  static constexpr int kLag = 1;
+  static_assert(Pipeline::Stages >= kLag + 2, "too few stages for the publication lag");
+
+  struct Publisher {
+    PipeState next;   // oldest filled stage not yet published
+    int pending = 0;  // filled stages not yet published
+
+    __device__ void filled(Pipeline& pipe) {
+      cute::cp_async_fence();  // close this stage's group
+      if (++pending > kLag) {
+        cute::cp_async_wait<kLag>();             // this thread's copies of `next` landed
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> WGMMA reads
+        pipe.producer_commit(next);
+        ++next;
+        --pending;
+      }
+    }
+
+    __device__ void flush(Pipeline& pipe) {
+      cute::cp_async_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      for (; pending > 0; --pending, ++next) pipe.producer_commit(next);
+    }
+  };
+
+  // Producer warpgroup: fills one stage per K block, A through gather_idx, B from B_e.
+  static __device__ void load_tile(const Params& p, const TileCoord& tc, Pipeline& pipe,
+                                   PipeState& state, Publisher& pub,
+                                   typename Mainloop::TensorStorage& smem, int tid, int k_tiles) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
+
+    // A: a thread owns one 16-byte column chunk of every (128 / chunks-per-row)-th row. Source
+    // rows are kept as 32-bit indices (-1: zero-fill) so the producer fits in few registers.
+    constexpr int kARowChunks = kBK / kChunk;
+    constexpr int kARowStep = kProducerThreads / kARowChunks;
+    constexpr int kAIters = kBM / kARowStep;
+    const int a_col = (tid % kARowChunks) * kChunk;
+    const int row_in = tid / kARowChunks;
+    int32_t a_src[kAIters];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kAIters; ++i) {
+      const int r = row_in + i * kARowStep;
+      const int32_t src_row = r >= tc.rows        ? -1
+                              : p.gather_idx != nullptr ? __ldg(p.gather_idx + tc.row0 + r)
+                                                        : tc.row0 + r;
+      a_src[i] = src_row >= 0 && src_row < p.src_rows ? src_row : -1;
+    }
+    const Bf16* b_e = p.b + int64_t(tc.e) * p.b_group_stride;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      pipe.producer_acquire(state);
+      const int stage = state.index();
+      const int k0 = kt * kBK;
+      const bool a_k_ok = k0 + a_col < p.k;
+      const Bf16* a_base = p.src + k0 + a_col;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kAIters; ++i) {
+        const bool ok = a_k_ok && a_src[i] >= 0;
+        const Bf16* g = ok ? a_base + int64_t(a_src[i]) * p.k : p.src;
+        cp_async_16(&sA(row_in + i * kARowStep, a_col, stage), g, ok);
+      }
+      if constexpr (kNT) {
+        // B_e (N, K): K-major rows like A, no gather.
+        constexpr int kBIters = kBN / kARowStep;
+        CUTLASS_PRAGMA_UNROLL
+        const Bf16* b_base = b_e + int64_t(tc.n0 + row_in) * p.ldb + k0 + a_col;
+        const int64_t b_step = int64_t(kARowStep) * p.ldb;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBIters; ++j) {
+          const int c = row_in + j * kARowStep;
+          const bool ok = a_k_ok && tc.n0 + c < p.n;
+          cp_async_16(&sB(c, a_col, stage), ok ? b_base + j * b_step : p.b, ok);
+        }
+      } else {
+        // B_e (K, N): 16-byte chunks along N, MN-major stage layout.
+        constexpr int kBColChunks = kBN / kChunk;
+        constexpr int kBKStep = kProducerThreads / kBColChunks;
+        constexpr int kBIters = kBK / kBKStep;
+        const int c = (tid % kBColChunks) * kChunk;
+        const int k_in = tid / kBColChunks;
+        // kSwiGLU: stage columns [0, BN/2) are gate columns n0 + c, [BN/2, BN) up columns
+        // n + n0 + (c - BN/2) of w1's concat layout.
+        const int cc = c % kTileN;
+        const bool n_ok = tc.n0 + cc < p.n;
+        const int g_col = (kEpi == Epi::kSwiGLU && c >= kTileN ? p.n : 0) + tc.n0 + cc;
+        const Bf16* b_base = b_e + int64_t(k0 + k_in) * p.ldb + g_col;
+        const int64_t b_step = int64_t(kBKStep) * p.ldb;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBIters; ++j) {
+          const int kk = k_in + j * kBKStep;
+          const bool ok = n_ok && k0 + kk < p.k;
+          cp_async_16(&sB(c, kk, stage), ok ? b_base + j * b_step : p.b, ok);
+        }
+      }
+      pub.filled(pipe);
+      ++state;
+    }
+  }
+
+  // Consumer epilogue straight from the accumulators: rows past the group end and columns past
+  // N are never written (neighbouring experts own those rows).
+  template <class Accum>
+  static __device__ void store_tile(const Params& p, const TileCoord& tc, const Accum& acc,
+                                    int mma_tid) {
+    using namespace cute;
+    TiledMma mma;
+    auto thr = mma.get_slice(mma_tid);
+    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    static_assert(decltype(size(coord))::value % 2 == 0);
+    Out* d = p.d + int64_t(tc.row0) * p.n + tc.n0;
+    const int n_left = p.n - tc.n0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r >= tc.rows || c >= n_left) continue;
+      const bool pair = get<0>(coord(i + 1)) == r && get<1>(coord(i + 1)) == c + 1;
+      Out* dst = d + int64_t(r) * p.n + c;
+      if constexpr (cute::is_same_v<Out, float>) {
+        if (pair) {  // c even and N % 8 == 0: 8-byte aligned, c + 1 < N
+          *reinterpret_cast<float2*>(dst) = make_float2(acc(i), acc(i + 1));
+          continue;
+        }
+      } else {
+        if (pair) {
+          __nv_bfloat162 v = __floats2bfloat162_rn(acc(i), acc(i + 1));
+          *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+          continue;
+        }
+      }
+      dst[0] = Out(acc(i));
+      const int r1 = get<0>(coord(i + 1)), c1 = get<1>(coord(i + 1));
+      if (r1 < tc.rows && c1 < n_left) d[int64_t(r1) * p.n + c1] = Out(acc(i + 1));
+    }
+  }
+
+  // ---- Fused epilogues. Both rely on the WGMMA accumulator layout: each thread's fragment
+  // holds pairs of adjacent columns (i, i + 1), two rows r and r + 8, the four lanes of a quad
+  // hold the same rows, and (kSwiGLU) the fragment's second half repeats its first half's
+  // coordinates BN/2 columns to the right. layout_ok() checks exactly this on the host.
+  static __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+  // H = bf16([gate | up]) and A = silu(g)·u from the bf16-rounded g, u (what the backward
+  // recomputes from H), as bf16 pairs; rows past the group end and columns past n not written.
+  template <class Accum>
+  static __device__ void store_swiglu(const Params& p, const TileCoord& tc, const Accum& acc,
+                                      int mma_tid) {
+    using namespace cute;
+    TiledMma mma;
+    auto thr = mma.get_slice(mma_tid);
+    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    constexpr int kHalf = decltype(size(acc))::value / 2;
+    const int64_t two_n = 2 * int64_t(p.n);
+    const int n_left = p.n - tc.n0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kHalf; i += 2) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r >= tc.rows || c >= n_left) continue;  // n % 8 == 0 and c even: c + 1 < n too
+      const int64_t row = tc.row0 + r;
+      const __nv_bfloat162 g2 = __floats2bfloat162_rn(acc(i), acc(i + 1));
+      const __nv_bfloat162 u2 = __floats2bfloat162_rn(acc(i + kHalf), acc(i + kHalf + 1));
+      if (p.h_out != nullptr) {
+        Bf16* h = p.h_out + row * two_n + tc.n0 + c;
+        *reinterpret_cast<__nv_bfloat162*>(h) = g2;
+        *reinterpret_cast<__nv_bfloat162*>(h + p.n) = u2;
+      }
+      const float2 g = __bfloat1622float2(g2), u = __bfloat1622float2(u2);
+      *reinterpret_cast<__nv_bfloat162*>(p.a_out + row * p.n + tc.n0 + c) =
+          __floats2bfloat162_rn(g.x * sigmoid(g.x) * u.x, g.y * sigmoid(g.y) * u.y);
+    }
+  }
+
+  // From dA' (accumulators), H and s: dH (gate: s·dA'·u·σ(g)·(1 + g·(1 − σ(g))), up:
+  // s·dA'·silu(g)), A' = s·A and this tile's part of dS = Σ_c dA'·A (fp32), A from the bf16 H.
+  template <class Accum>
+  static __device__ void store_dswiglu(const Params& p, const TileCoord& tc, const Accum& acc,
+                                       int mma_tid) {
+    using namespace cute;
+    TiledMma mma;
+    auto thr = mma.get_slice(mma_tid);
+    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    const int64_t two_n = 2 * int64_t(p.n);
+    const int n_left = p.n - tc.n0;
+    const int r_lo = get<0>(coord(0));  // this thread's rows: r_lo and r_lo + 8
+    const float s_lo = r_lo < tc.rows ? __ldg(p.scores + tc.row0 + r_lo) : 0.0f;
+    const float s_hi = r_lo + 8 < tc.rows ? __ldg(p.scores + tc.row0 + r_lo + 8) : 0.0f;
+    float dot_lo = 0.0f, dot_hi = 0.0f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(size(acc))::value; i += 2) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r >= tc.rows || c >= n_left) continue;
+      const bool lo = r == r_lo;
+      const float sp = lo ? s_lo : s_hi;
+      const int64_t row = tc.row0 + r;
+      const Bf16* h = p.h_in + row * two_n + tc.n0 + c;
+      const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(h));
+      const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(h + p.n));
+      const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y}, ds[2] = {acc(i), acc(i + 1)};
+      float dg[2], du[2], ap[2], dot = 0.0f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const float sig = sigmoid(gs[j]);
+        const float silu = gs[j] * sig;
+        const float act = silu * us[j];
+        dot += ds[j] * act;
+        dg[j] = sp * ds[j] * us[j] * sig * (1.0f + gs[j] * (1.0f - sig));
+        du[j] = sp * ds[j] * silu;
+        ap[j] = sp * act;
+      }
+      if (lo) dot_lo += dot; else dot_hi += dot;
+      Bf16* dh = p.dh_out + row * two_n + tc.n0 + c;
+      *reinterpret_cast<__nv_bfloat162*>(dh) = __floats2bfloat162_rn(dg[0], dg[1]);
+      *reinterpret_cast<__nv_bfloat162*>(dh + p.n) = __floats2bfloat162_rn(du[0], du[1]);
+      *reinterpret_cast<__nv_bfloat162*>(p.a_prime_out + row * p.n + tc.n0 + c) =
+          __floats2bfloat162_rn(ap[0], ap[1]);
+    }
+    // The quad (lanes 4q .. 4q + 3) holds every column of rows r_lo and r_lo + 8.
+    dot_lo += __shfl_xor_sync(0xffffffffu, dot_lo, 1);
+    dot_lo += __shfl_xor_sync(0xffffffffu, dot_lo, 2);
+    dot_hi += __shfl_xor_sync(0xffffffffu, dot_hi, 1);
+    dot_hi += __shfl_xor_sync(0xffffffffu, dot_hi, 2);
+    if ((mma_tid & 3) == 0) {
+      const int nt = tc.n0 / kTileN;
+      if (r_lo < tc.rows) p.ds_part[(tc.row0 + r_lo) * int64_t(p.n_tiles) + nt] = dot_lo;
+      if (r_lo + 8 < tc.rows) p.ds_part[(tc.row0 + r_lo + 8) * int64_t(p.n_tiles) + nt] = dot_hi;
+    }
+  }
+
+  // Host check of the accumulator layout the fused epilogues assume (see above).
+  static bool layout_ok() {
+    using namespace cute;
+    TiledMma mma;
+    auto ident = make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{}));
+    constexpr int kSize = decltype(size(mma.get_slice(0).partition_C(ident)))::value;
+    for (int t = 0; t < kMmaThreads; ++t) {
+      auto coord = mma.get_slice(t).partition_C(ident);
+      auto quad0 = mma.get_slice(t & ~3).partition_C(ident);
+      const int r_lo = get<0>(coord(0));
+      if (get<0>(quad0(0)) != r_lo) return false;
+      for (int i = 0; i < kSize; ++i) {
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        if (r != r_lo && r != r_lo + 8) return false;
+        if (i % 2 == 0 && (c % 2 != 0 || get<0>(coord(i + 1)) != r ||
+                           get<1>(coord(i + 1)) != c + 1)) {
+          return false;
+        }
+        if (kEpi == Epi::kSwiGLU && i < kSize / 2 &&
+            (c >= kTileN || get<0>(coord(i + kSize / 2)) != r ||
+             get<1>(coord(i + kSize / 2)) != c + kTileN)) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  static __device__ void run(const Params& p, char* smem_buf) {
+    using namespace cute;
+    auto& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int wg = cutlass::canonical_warp_group_idx();
+
+    typename Pipeline::Params pp;
+    pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pp.producer_arv_count = kProducerThreads;
+    pp.consumer_arv_count = kMmaThreads;
+    Pipeline pipe(smem.pipeline, pp);
+    __syncthreads();  // barrier initialisation visible to every warpgroup
+
+    const int n_tiles = p.n_tiles;
+    const int k_tiles = (p.k + kBK - 1) / kBK;
+    const int total = __ldg(p.tile_start + p.num_groups);
+
+    if (wg == 0) {
+      PipeState state = cutlass::make_producer_start_state<Pipeline>();
+      Publisher pub{state};
+      const int tid = threadIdx.x;
+      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        load_tile(p, locate(p, tile, n_tiles), pipe, state, pub, smem.tensors, tid, k_tiles);
+      }
+      pub.flush(pipe);
+      pipe.producer_tail(state);  // the consumers release every stage before the CTA exits
+    } else {
+      Mainloop mainloop;
+      PipeState state;
+      const int mma_tid = threadIdx.x - kProducerThreads;
+      typename Mainloop::Params unused{};
+      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
+        mainloop.mma(pipe, state, acc, k_tiles, mma_tid, smem.tensors, unused);
+        mainloop.mma_tail(pipe, state, k_tiles);
+        state.advance(k_tiles);
+        // Only the epilogue needs the tile's rows: locate it after the mainloop started.
+        const TileCoord tc = locate(p, tile, n_tiles);
+        if constexpr (kEpi == Epi::kStore) {
+          store_tile(p, tc, acc, mma_tid);
+        } else if constexpr (kEpi == Epi::kSwiGLU) {
+          store_swiglu(p, tc, acc, mma_tid);
+        } else {
+          store_dswiglu(p, tc, acc, mma_tid);
+        }
+      }
+    }
+  }
+};
+
+template <class G>
+__global__ void __launch_bounds__(G::kThreads, 1)
+    gather_gemm_kernel(const __grid_constant__ typename G::Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem_buf[];
+  G::run(p, smem_buf);
+#endif
+}
+
+// tile_start[e] = Σ_{g<e} ceil(rows_g / bm) · n_tiles, tile_start[E] = total; one block.
+constexpr int kScanThreads = 256;
+static __global__ void __launch_bounds__(kScanThreads)
+    tile_prefix_kernel(const int32_t* offsets, int num_groups, int bm, int n_tiles,
+                       int32_t* tile_start) {
+  using Scan = cub::BlockScan<int32_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int32_t carry = 0;
+  for (int base = 0; base < num_groups; base += kScanThreads) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    int32_t tiles = 0;
+    if (e < num_groups) {
+      const int32_t rows = max(offsets[e + 1] - offsets[e], 0);
+      tiles = (rows + bm - 1) / bm * n_tiles;
+    }
+    int32_t before, chunk_total;
+    Scan(tmp).ExclusiveSum(tiles, before, chunk_total);
+    if (e < num_groups) tile_start[e] = carry + before;
+    carry += chunk_total;
+    __syncthreads();  // TempStorage is reused by the next chunk
+  }
+  if (threadIdx.x == 0) tile_start[num_groups] = carry;
+}
+
+constexpr size_t kWsAlign = 256;
+
+// SMs of the current device, queried once per device (the persistent grid size).
+inline int sm_count() {
+  int device = 0;
+  cudaGetDevice(&device);
+  static thread_local int cached_device = -1, cached_sms = 0;
+  if (device != cached_device) {
+    cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, device);
+    cached_device = device;
+  }
+  return cached_sms > 0 ? cached_sms : 1;
+}
+
+template <class G>
+struct Launcher {
+  using Gemm = G;
+  static size_t workspace_bytes(int e) {
+    return (size_t(e + 1) * sizeof(int32_t) + kWsAlign - 1) / kWsAlign * kWsAlign;
+  }
+
+  static std::string run(const GroupedGemmParams& p, cudaStream_t stream) {
+    if (p.num_groups < 1) return "need at least one group";
+    if (p.workspace_bytes < workspace_bytes(p.num_groups)) {
+      return "workspace too small: " + std::to_string(p.workspace_bytes) + " < " +
+             std::to_string(workspace_bytes(p.num_groups)) + " bytes";
+    }
+    if constexpr (G::kFused) {
+      // Checked once per instantiation: a CUTLASS layout change must not silently mix columns.
+      static const bool layout_checked = G::layout_ok();
+      if (!layout_checked) return "accumulator layout differs from what the fused epilogue needs";
+    }
+    auto* tile_start = static_cast<int32_t*>(p.workspace);
+    const int n_tiles = (p.n + G::kTileN - 1) / G::kTileN;
+    tile_prefix_kernel<<<1, kScanThreads, 0, stream>>>(p.group_offsets, p.num_groups, G::kBM,
+                                                       n_tiles, tile_start);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("tile prefix kernel: ") + cudaGetErrorString(err);
+
+    typename G::Params kp{};
+    kp.src = static_cast<const Bf16*>(p.a);
+    kp.gather_idx = p.gather_idx;
+    kp.b = static_cast<const Bf16*>(p.b);
+    kp.d = static_cast<typename G::OutType*>(p.d);
+    kp.h_out = static_cast<Bf16*>(p.h_out);
+    kp.a_out = static_cast<Bf16*>(p.a_out);
+    kp.h_in = static_cast<const Bf16*>(p.h_in);
+    kp.scores = p.scores;
+    kp.dh_out = static_cast<Bf16*>(p.dh_out);
+    kp.a_prime_out = static_cast<Bf16*>(p.a_prime_out);
+    kp.ds_part = p.ds_part;
+    kp.group_offsets = p.group_offsets;
+    kp.tile_start = tile_start;
+    kp.num_groups = p.num_groups;
+    kp.n = p.n;
+    kp.k = p.k;
+    kp.n_tiles = n_tiles;
+    kp.src_rows = p.src_rows;
+    // B_e: (K, N) for plain NN, (K, 2n) for kSwiGLU (w1), (N, K) for NT.
+    const int b_cols = G::kNTLayout ? p.k : (G::kEpilogue == Epi::kSwiGLU ? 2 * p.n : p.n);
+    kp.ldb = b_cols;
+    kp.b_group_stride = int64_t(p.k) * (G::kNTLayout ? p.n : b_cols);
+
+    auto kernel = gather_gemm_kernel<G>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               G::kSmemBytes);
+    if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
+    // Persistent: one CTA per SM (the stages fill shared memory); CTAs past the last tile exit.
+    const int grid = sm_count();
+    kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("gather GEMM launch: ") + cudaGetErrorString(err);
+    return {};
+  }
+};
+
+}  // namespace gather
+}  // namespace sonic

@@ -1,0 +1,65 @@
+// The fused-epilogue kinds (GitHub issue #5): the cp.async row-gather GEMM of gather_gemm.cuh with
+// the SwiGLU epilogue (up_proj: H and A from the accumulators, no fp32 or bf16 H read back) and
+// the dSwiGLU epilogue (dh: dH, A' and dS from dA' without writing it in fp32 and reading it
+// back). A rows come through gather_idx, or are read in order when it is null.
+#include "gather_gemm.cuh"
+
+namespace sonic {
+
+namespace detail {
+template <class Config>
+using SwigluNN = gather::Launcher<
+    gather::GatherGemm<false, cutlass::bfloat16_t, Config, gather::Epi::kSwiGLU>>;
+template <class Config>
+using DSwigluNT =
+    gather::Launcher<gather::GatherGemm<true, float, Config, gather::Epi::kDSwiGLU>>;
+}  // namespace detail
+using namespace detail;
+using gather::GatherCoop128x128;
+using gather::GatherCoop128x256;
+
+// G = SwigluNN (kVarlenMGatherSwiGLU) or DSwigluNT (kVarlenMGatherDSwiGLU).
+template <template <class> class G, class Fn>
+static bool dispatch_fused(int config, Fn fn) {
+  switch (config) {
+    case 4: fn(G<GatherCoop128x128>{}); return true;
+    case 5: fn(G<GatherCoop128x256>{}); return true;
+    default: return false;
+  }
+}
+
+int fused_epilogue_tile_n(GemmKind kind, int config) {
+  int tile_n = 0;
+  auto query = [&](auto g) { tile_n = decltype(g)::Gemm::kTileN; };
+  if (kind == GemmKind::kVarlenMGatherSwiGLU) dispatch_fused<SwigluNN>(config, query);
+  if (kind == GemmKind::kVarlenMGatherDSwiGLU) dispatch_fused<DSwigluNT>(config, query);
+  return tile_n;
+}
+
+size_t varlen_m_fused_workspace_bytes(bool dswiglu, int config, int num_groups) {
+  size_t bytes = 0;
+  auto query = [&](auto g) { bytes = g.workspace_bytes(num_groups); };
+  if (dswiglu) {
+    dispatch_fused<DSwigluNT>(config, query);
+  } else {
+    dispatch_fused<SwigluNN>(config, query);
+  }
+  return bytes;
+}
+
+std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams& p,
+                               cudaStream_t stream) {
+  if (dswiglu && (p.h_in == nullptr || p.scores == nullptr || p.dh_out == nullptr ||
+                  p.a_prime_out == nullptr || p.ds_part == nullptr)) {
+    return "varlen-M dSwiGLU: missing H, scores or an output";
+  }
+  if (!dswiglu && p.a_out == nullptr) return "varlen-M SwiGLU: missing the A output";
+  std::string err;
+  auto launch = [&](auto g) { err = g.run(p, stream); };
+  const bool found = dswiglu ? dispatch_fused<DSwigluNT>(config, launch)
+                             : dispatch_fused<SwigluNN>(config, launch);
+  if (!found) return unsupported_config("varlen-M fused epilogue", config);
+  return err;
+}
+
+}  // namespace sonic
