@@ -96,6 +96,7 @@ struct GatherGemm {
 
   static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kMmaThreads = cute::size(TiledMma{});
+  static_assert(kEpi != Epi::kDSwiGLU || kMmaThreads == 2 * kBM, "prefetch_h: a (row, half) each");
   static constexpr int kThreads = kProducerThreads + kMmaThreads;
   static_assert(kMmaThreads == 2 * cutlass::NumThreadsPerWarpGroup, "two consumer warpgroups");
   static_assert(kBK % kChunk == 0 && kProducerThreads % (kBK / kChunk) == 0);
@@ -328,6 +329,25 @@ struct GatherGemm {
 
   // From dA' (accumulators), H and s: dH (gate: s·dA'·u·σ(g)·(1 + g·(1 − σ(g))), up:
   // s·dA'·silu(g)), A' = s·A and this tile's part of dS = Σ_c dA'·A (fp32), A from the bf16 H.
+  // H is read in chunks of kLoadPairs column pairs whose loads are all issued before any of
+  // their stores (the compiler cannot move a load past a store that might alias it), after
+  // prefetch_h pulled the tile's rows into L2 while the mainloop ran.
+  static constexpr int kLoadPairs = kBN == 256 ? 4 : 8;  // 128 x 256 spills with more
+
+  static __device__ void prefetch_h(const Params& p, const TileCoord& tc, int mma_tid) {
+    // 128 rows x (gate, up) x kTileN bf16 columns: kTileN / 64 lines of 128 bytes per segment.
+    constexpr int kLines = kTileN * 2 / 128;
+    const int seg = mma_tid;  // kMmaThreads == 2 * kBM segments of (row, half)
+    const int r = seg >> 1;
+    if (r >= tc.rows) return;
+    const Bf16* base = p.h_in + (tc.row0 + r) * 2 * int64_t(p.n) + (seg & 1) * p.n + tc.n0;
+    const int cols = min(kTileN, p.n - tc.n0);
+    CUTLASS_PRAGMA_UNROLL
+    for (int l = 0; l < kLines; ++l) {
+      if (l * 64 < cols) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + l * 64));
+    }
+  }
+
   template <class Accum>
   static __device__ void store_dswiglu(const Params& p, const TileCoord& tc, const Accum& acc,
                                        int mma_tid) {
@@ -335,40 +355,57 @@ struct GatherGemm {
     TiledMma mma;
     auto thr = mma.get_slice(mma_tid);
     Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    constexpr int kPairs = decltype(size(acc))::value / 2;
+    static_assert(kPairs % kLoadPairs == 0);
     const int64_t two_n = 2 * int64_t(p.n);
     const int n_left = p.n - tc.n0;
     const int r_lo = get<0>(coord(0));  // this thread's rows: r_lo and r_lo + 8
     const float s_lo = r_lo < tc.rows ? __ldg(p.scores + tc.row0 + r_lo) : 0.0f;
     const float s_hi = r_lo + 8 < tc.rows ? __ldg(p.scores + tc.row0 + r_lo + 8) : 0.0f;
+    // bf16 pairs as 32-bit words: word (row · 2n + col) / 2 (col even, n even).
+    const uint32_t* h_words = reinterpret_cast<const uint32_t*>(p.h_in);
     float dot_lo = 0.0f, dot_hi = 0.0f;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < decltype(size(acc))::value; i += 2) {
-      const int r = get<0>(coord(i)), c = get<1>(coord(i));
-      if (r >= tc.rows || c >= n_left) continue;
-      const bool lo = r == r_lo;
-      const float sp = lo ? s_lo : s_hi;
-      const int64_t row = tc.row0 + r;
-      const Bf16* h = p.h_in + row * two_n + tc.n0 + c;
-      const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(h));
-      const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(h + p.n));
-      const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y}, ds[2] = {acc(i), acc(i + 1)};
-      float dg[2], du[2], ap[2], dot = 0.0f;
+    for (int q0 = 0; q0 < kPairs; q0 += kLoadPairs) {
+      uint32_t gw[kLoadPairs], uw[kLoadPairs];
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < 2; ++j) {
-        const float sig = sigmoid(gs[j]);
-        const float silu = gs[j] * sig;
-        const float act = silu * us[j];
-        dot += ds[j] * act;
-        dg[j] = sp * ds[j] * us[j] * sig * (1.0f + gs[j] * (1.0f - sig));
-        du[j] = sp * ds[j] * silu;
-        ap[j] = sp * act;
+      for (int j = 0; j < kLoadPairs; ++j) {
+        const int i = 2 * (q0 + j);
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        const bool ok = r < tc.rows && c < n_left;
+        const int64_t w = ((tc.row0 + r) * two_n + tc.n0 + c) >> 1;
+        gw[j] = ok ? __ldg(h_words + w) : 0u;
+        uw[j] = ok ? __ldg(h_words + w + (p.n >> 1)) : 0u;
       }
-      if (lo) dot_lo += dot; else dot_hi += dot;
-      Bf16* dh = p.dh_out + row * two_n + tc.n0 + c;
-      *reinterpret_cast<__nv_bfloat162*>(dh) = __floats2bfloat162_rn(dg[0], dg[1]);
-      *reinterpret_cast<__nv_bfloat162*>(dh + p.n) = __floats2bfloat162_rn(du[0], du[1]);
-      *reinterpret_cast<__nv_bfloat162*>(p.a_prime_out + row * p.n + tc.n0 + c) =
-          __floats2bfloat162_rn(ap[0], ap[1]);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kLoadPairs; ++j) {
+        const int i = 2 * (q0 + j);
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        if (r >= tc.rows || c >= n_left) continue;
+        const bool lo = r == r_lo;
+        const float sp = lo ? s_lo : s_hi;
+        const int64_t row = tc.row0 + r;
+        const float gs[2] = {__uint_as_float(gw[j] << 16), __uint_as_float(gw[j] & 0xffff0000u)};
+        const float us[2] = {__uint_as_float(uw[j] << 16), __uint_as_float(uw[j] & 0xffff0000u)};
+        const float ds[2] = {acc(i), acc(i + 1)};
+        float dg[2], du[2], ap[2], dot = 0.0f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          const float sig = sigmoid(gs[k]);
+          const float silu = gs[k] * sig;
+          const float act = silu * us[k];
+          dot += ds[k] * act;
+          dg[k] = sp * ds[k] * us[k] * sig * (1.0f + gs[k] * (1.0f - sig));
+          du[k] = sp * ds[k] * silu;
+          ap[k] = sp * act;
+        }
+        if (lo) dot_lo += dot; else dot_hi += dot;
+        Bf16* dh = p.dh_out + row * two_n + tc.n0 + c;
+        *reinterpret_cast<__nv_bfloat162*>(dh) = __floats2bfloat162_rn(dg[0], dg[1]);
+        *reinterpret_cast<__nv_bfloat162*>(dh + p.n) = __floats2bfloat162_rn(du[0], du[1]);
+        *reinterpret_cast<__nv_bfloat162*>(p.a_prime_out + row * p.n + tc.n0 + c) =
+            __floats2bfloat162_rn(ap[0], ap[1]);
+      }
     }
     // The quad (lanes 4q .. 4q + 3) holds every column of rows r_lo and r_lo + 8.
     dot_lo += __shfl_xor_sync(0xffffffffu, dot_lo, 1);
@@ -442,6 +479,7 @@ struct GatherGemm {
       typename Mainloop::Params unused{};
       for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
+        if constexpr (kEpi == Epi::kDSwiGLU) prefetch_h(p, locate(p, tile, n_tiles), mma_tid);
         mainloop.mma(pipe, state, acc, k_tiles, mma_tid, smem.tensors, unused);
         mainloop.mma_tail(pipe, state, k_tiles);
         state.advance(k_tiles);

@@ -12,7 +12,7 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s16_out}
 begin_call
-gpu_tests "${TEST_S:-260}" tests/test_ffi.py -k "fused_epilogue or gathered or layer_forward_backward or forward_entry or backward_entry"
+gpu_tests "${TEST_S:-260}" tests/test_ffi.py -k "${TEST_K:-fused_epilogue or gathered or layer_forward_backward or forward_entry or backward_entry}"
 echo "== [$(since) s] fused-epilogue sweep"
 timeout "${SWEEP_S:-250}" $PY -m sonic_jax.ffi.sweep --fused-epilogue-only --iters 10 \
   --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 24576,1536,256,128,8} \

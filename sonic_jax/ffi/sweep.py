@@ -263,6 +263,19 @@ def run_fused_epilogue(t, d, n, e, k, iters):
                       ffi_tflops=flops / ms / 1e9, rel_err_vs_separate=err, timer=timer))
       print(f"  {name:14s} [{vname:22s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s | err vs "
             f"separate {err:.1e}", flush=True)
+  # Each schedule of the fused kinds on its own (rows gathered in the kernel).
+  idx, offs = plan.gather_idx, plan.group_offsets
+  for name, kind, f, args, flops in (
+      ("up_proj_swiglu", GemmKind.VARLEN_M_GATHER_SWIGLU, ops.up_proj_swiglu, (x, idx, w1, offs),
+       2 * rows * d * 2 * n),
+      ("dh_dswiglu", GemmKind.VARLEN_M_GATHER_DSWIGLU, ops.dh_dswiglu, (dout, idx, w2, h, s, offs),
+       2 * rows * d * n)):
+    for cfg in schedules.INSTANTIATED[kind]:
+      ms, timer, _ = gpu_ms(jax.jit(lambda *a, c=int(cfg), f=f: f(*a, config=c)), *args,
+                            iters=iters)
+      out.append(dict(kind="fused_epilogue_kernel", name=name, config=cfg.name, ffi_ms=ms,
+                      ffi_tflops=flops / ms / 1e9, timer=timer))
+      print(f"  {name:14s} [{cfg.name:22s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
   return out, {}
 
 
