@@ -296,12 +296,23 @@ def test_dh_dswiglu_rejects_bad_arguments(bad, match):
 
 
 def test_ffi_kernels_fused_epilogue_switch():
-  assert FfiKernels().fused_epilogue is False  # opt-in until a GPU measures it faster
-  assert FfiKernels(fused_epilogue=True) != FfiKernels()
-  assert len({FfiKernels(), FfiKernels(fused_epilogue=True), FfiKernels(fused_epilogue=True)}) == 2
-  assert "fused_epilogue=True" in repr(FfiKernels(fused_epilogue=True))
-  with pytest.raises(ValueError, match="fused_epilogue must be a bool, got 1"):
+  assert FfiKernels(fused_epilogue=True).fused_epilogue == "both"
+  assert FfiKernels(fused_epilogue=False).fused_epilogue == "none"
+  assert FfiKernels(fused_epilogue=True) != FfiKernels(fused_epilogue="dh")
+  assert len({FfiKernels(fused_epilogue="dh"), FfiKernels(fused_epilogue=True),
+              FfiKernels(fused_epilogue="both")}) == 2
+  assert "fused_epilogue='dh'" in repr(FfiKernels(fused_epilogue="dh"))
+  with pytest.raises(ValueError, match="fused_epilogue must be a bool or one of .*, got 1"):
     FfiKernels(fused_epilogue=1)
+  with pytest.raises(ValueError, match="fused_epilogue must be .*'auto'.*, got 'dx'"):
+    FfiKernels(fused_epilogue="dx")
+  # Which entry points fuse, per mode and expert width ("auto": dh up to FUSED_DH_MAX_N).
+  from sonic_jax.ffi.backend import FUSED_DH_MAX_N
+  for mode, n, want in (("none", 256, ()), ("both", 1024, ("up_proj", "dh")),
+                        ("dh", 1024, ("dh",)), ("up_proj", 256, ("up_proj",)),
+                        ("auto", FUSED_DH_MAX_N, ("dh",)), ("auto", 2 * FUSED_DH_MAX_N, ())):
+    kern = FfiKernels(fused_epilogue=mode)
+    assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e, n)) == want, (mode, n)
 
 
 def test_handlers_are_marked_command_buffer_compatible():
@@ -444,7 +455,7 @@ def test_backward_entry_points_match_xla(routing, data):
 
 _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused_gather=True),
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
-                   "fused_both": FfiKernels(fused_gather=True, fused_epilogue=True)}
+                   "fused_dh": FfiKernels(fused_epilogue="dh")}
 
 
 @pytest.mark.gpu
@@ -846,12 +857,11 @@ def test_fused_epilogue_kernels_are_deterministic_and_handle_no_rows(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused_gather", [False, True], ids=["gather_rows", "fused_gather"])
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_fused_epilogue_entry_points_match_xla(routing, fused_gather, data):
+def test_fused_epilogue_entry_points_match_xla(routing, data):
   plan = _plans(T, E)[routing]
   p = plan.capacity
-  fused, ref = FfiKernels(fused_gather=fused_gather, fused_epilogue=True), XlaKernels()
+  fused, ref = FfiKernels(fused_epilogue="both"), XlaKernels()
   rows = _rows(plan)
   h, a = jax.jit(fused.up_proj)(data["x"], data["w1"], plan)
   h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)

@@ -11,7 +11,8 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``pallas::row_gather=jax_triton``.
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
-``fused-gather`` and ``row_gather=<scatter|gather>``, e.g. ``ffi:dw1-last``.
+``fused-gather``, ``row_gather=<scatter|gather>`` and ``fused_epilogue=<none|dh|up_proj|both|auto>``,
+e.g. ``ffi:dw1-last`` or ``ffi:fused_epilogue=dh``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _base_configs(kern, d: int, n: int) -> dict:
           "dw1": kern._dw1_config(d, 2 * n), "dw2": kern._dw2_config(n, d)}
 
 
-FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>")
+FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>",
+               "fused_epilogue=<none|dh|up_proj|both|auto>")
 
 
 def _ffi_kernels(spec: str):
@@ -58,6 +60,8 @@ def _ffi_kernels(spec: str):
       kw["fused_gather"] = True
     elif o.startswith("row_gather="):
       kw["row_gather"] = o.split("=", 1)[1]
+    elif o.startswith("fused_epilogue="):
+      kw["fused_epilogue"] = o.split("=", 1)[1]
     elif o:
       raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
                        f"{', '.join(FFI_OPTIONS)}")

@@ -12,11 +12,10 @@ accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax
 ``FfiKernels(fused_gather=True)`` (opt-in: correct on the H200 but slower than gathering first,
 docs/ffi.md) lets up_proj and dh read the x / dO rows through gather_idx inside the GEMM
 (cp.async producer, GitHub issue #5) instead of gathering a (P, d) copy first; dw1 / dw2 still
-gather. ``FfiKernels(fused_epilogue=True)`` (opt-in) runs up_proj and dh as one kernel each with
-SwiGLU / dSwiGLU in the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh: H and A
-from the accumulators; dH, A' and dS from dA' without its fp32 round trip through HBM), on rows
-gathered in the kernel with ``fused_gather`` or by scatter_rows / gather_rows before it.
-Otherwise the epilogues are separate kernels. The gathered rows come from ``scatter_rows`` for
+gather. ``fused_epilogue`` runs up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in
+the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through
+gather_idx itself: H and A from the accumulators; dH, A' and dS from dA' without its fp32 round
+trip through HBM); elsewhere the epilogues are separate kernels. The gathered rows come from ``scatter_rows`` for
 top-K plans (``row_gather="scatter"``, the default: each token row read once and written to its
 K grouped rows; H200, session 12: 0.661 against 1.026 ms for ``gather_rows`` at T=32768, d=4096,
 K=8, benchmarks/results/dispatch-h200-2026-12-04-s12.md) and from ``gather_rows`` otherwise
@@ -35,13 +34,19 @@ from sonic_jax.routing import RoutingPlan
 
 _INT32_MAX = 2**31 - 1
 
+FUSED_EPILOGUES = ("none", "dh", "up_proj", "both", "auto")
+# fused_epilogue="auto" fuses dh's epilogue up to this expert width (H200, session 16).
+FUSED_DH_MAX_N = 256
+
 
 class FfiKernels(ExpertKernels):
   """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a).
 
   fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM.
-  fused_epilogue: up_proj and dh compute SwiGLU / dSwiGLU in the GEMM's epilogue (one kernel
-  each, the cp.async GEMM) instead of a TMA GEMM followed by an elementwise kernel.
+  fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
+  kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
+  an elementwise kernel: "none" (or False), "dh", "up_proj", "both" (or True), or "auto": "dh"
+  where n <= FUSED_DH_MAX_N, else "none" (see FUSED_DH_MAX_N).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -53,9 +58,13 @@ class FfiKernels(ExpertKernels):
   name = "ffi"
 
   def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
-               dw1_last: bool = False, fused_epilogue: bool = False):
-    for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last),
-                   ("fused_epilogue", fused_epilogue)):
+               dw1_last: bool = False, fused_epilogue: bool | str = "none"):
+    if isinstance(fused_epilogue, bool):
+      fused_epilogue = "both" if fused_epilogue else "none"
+    if fused_epilogue not in FUSED_EPILOGUES:
+      raise ValueError(f"fused_epilogue must be a bool or one of {FUSED_EPILOGUES}, got "
+                       f"{fused_epilogue!r}")
+    for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last)):
       if not isinstance(v, bool):
         raise ValueError(f"{arg} must be a bool, got {v!r}")
     if row_gather not in ("gather", "scatter"):
@@ -78,7 +87,7 @@ class FfiKernels(ExpertKernels):
 
   def __repr__(self):
     return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
-            f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue})")
+            f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -111,16 +120,18 @@ class FfiKernels(ExpertKernels):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind)
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
 
-  def _fused_rows(self, src, plan):
-    """(rows, gather_idx) for a fused-epilogue kernel: src and its gather index when the kernel
-    gathers (``fused_gather``), else the gathered (P, d) rows and None."""
-    if self.fused_gather:
-      return src, plan.gather_idx
-    return self._rows(src, plan), None
+  def _fuses(self, entry: str, n: int) -> bool:
+    """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel at width n."""
+    mode = self.fused_epilogue
+    if mode == "auto":
+      mode = "dh" if n <= FUSED_DH_MAX_N else "none"
+    return mode == "both" or mode == entry
 
   def up_proj(self, x, w1, plan, *, inference=False):
-    if self.fused_epilogue:
-      return ops.up_proj_swiglu(*self._fused_rows(x, plan), w1, plan.group_offsets,
+    # The fused kernels read x / dO through gather_idx: faster than on scatter_rows' gathered
+    # copy in all four measured cases (H200, session 16; docs/ffi.md).
+    if self._fuses("up_proj", w1.shape[2] // 2):
+      return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
                                 write_h=not inference)
     h = self._gathered_gemm(x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
                             GemmKind.VARLEN_M_GATHER_NN_BF16)
@@ -135,9 +146,8 @@ class FfiKernels(ExpertKernels):
     return out.astype(out_dtype)
 
   def dh(self, dout, w2, h, scores_grouped, plan):
-    if self.fused_epilogue:
-      return ops.dh_dswiglu(*self._fused_rows(dout, plan), w2, h, scores_grouped,
-                            plan.group_offsets)
+    if self._fuses("dh", w2.shape[1]):
+      return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets)
     da = self._gathered_gemm(dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
                              GemmKind.VARLEN_M_GATHER_NT_F32)
     return ops.dswiglu(da, h, scores_grouped, plan.group_offsets)

@@ -14,8 +14,8 @@ up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA
 (checked against it), and the layer with fused_gather=True (also with --layer-only).
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under ``FfiKernels()``, ``FfiKernels(fused_epilogue=True)`` (SwiGLU /
-dSwiGLU in the GEMM's epilogue) and ``FfiKernels(fused_gather=True, fused_epilogue=True)``,
-each checked against the first.
+dSwiGLU in the GEMM's epilogue) with fused_epilogue "none", "dh" and "both", each checked against
+the first, and each schedule of the two fused kernels.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
@@ -214,9 +214,9 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
 
 
 EPILOGUE_VARIANTS = {
-    "separate": FfiKernels(),
-    "fused_epilogue": FfiKernels(fused_epilogue=True),
-    "fused_epilogue+gather": FfiKernels(fused_gather=True, fused_epilogue=True),
+    "separate": FfiKernels(fused_epilogue="none"),
+    "fused dh": FfiKernels(fused_epilogue="dh"),
+    "fused both": FfiKernels(fused_epilogue="both"),
 }
 
 
@@ -292,8 +292,7 @@ def main(argv=None):
                        "and without FfiKernels(fused_gather=True)")
   ap.add_argument("--fused-epilogue-only", action="store_true",
                   help="only up_proj, dh and the layer with the SwiGLU / dSwiGLU epilogues "
-                       "separate and fused (FfiKernels(fused_epilogue=True), with and without "
-                       "fused_gather)")
+                       "separate and fused (FfiKernels(fused_epilogue=...))")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   report = dict(device=dev.device_kind, jax=jax.__version__, iters=args.iters, results=[])
