@@ -304,15 +304,13 @@ def test_ffi_kernels_fused_epilogue_switch():
   assert "fused_epilogue='dh'" in repr(FfiKernels(fused_epilogue="dh"))
   with pytest.raises(ValueError, match="fused_epilogue must be a bool or one of .*, got 1"):
     FfiKernels(fused_epilogue=1)
-  with pytest.raises(ValueError, match="fused_epilogue must be .*'auto'.*, got 'dx'"):
+  with pytest.raises(ValueError, match="fused_epilogue must be .*'both'.*, got 'dx'"):
     FfiKernels(fused_epilogue="dx")
-  # Which entry points fuse, per mode and expert width ("auto": dh up to FUSED_DH_MAX_N).
-  from sonic_jax.ffi.backend import FUSED_DH_MAX_N
-  for mode, n, want in (("none", 256, ()), ("both", 1024, ("up_proj", "dh")),
-                        ("dh", 1024, ("dh",)), ("up_proj", 256, ("up_proj",)),
-                        ("auto", FUSED_DH_MAX_N, ("dh",)), ("auto", 2 * FUSED_DH_MAX_N, ())):
+  assert FfiKernels().fused_epilogue == "none"  # opt-in: slower on the H200 (session 16)
+  for mode, want in (("none", ()), ("both", ("up_proj", "dh")), ("dh", ("dh",)),
+                     ("up_proj", ("up_proj",))):
     kern = FfiKernels(fused_epilogue=mode)
-    assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e, n)) == want, (mode, n)
+    assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e)) == want, mode
 
 
 def test_handlers_are_marked_command_buffer_compatible():

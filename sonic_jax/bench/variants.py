@@ -11,7 +11,7 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``pallas::row_gather=jax_triton``.
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
-``fused-gather``, ``row_gather=<scatter|gather>`` and ``fused_epilogue=<none|dh|up_proj|both|auto>``,
+``fused-gather``, ``row_gather=<scatter|gather>`` and ``fused_epilogue=<none|dh|up_proj|both>``,
 e.g. ``ffi:dw1-last`` or ``ffi:fused_epilogue=dh``.
 """
 
@@ -47,7 +47,7 @@ def _base_configs(kern, d: int, n: int) -> dict:
 
 
 FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>",
-               "fused_epilogue=<none|dh|up_proj|both|auto>")
+               "fused_epilogue=<none|dh|up_proj|both>")
 
 
 def _ffi_kernels(spec: str):

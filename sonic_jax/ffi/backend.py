@@ -34,9 +34,7 @@ from sonic_jax.routing import RoutingPlan
 
 _INT32_MAX = 2**31 - 1
 
-FUSED_EPILOGUES = ("none", "dh", "up_proj", "both", "auto")
-# fused_epilogue="auto" fuses dh's epilogue up to this expert width (H200, session 16).
-FUSED_DH_MAX_N = 256
+FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 
 
 class FfiKernels(ExpertKernels):
@@ -45,8 +43,9 @@ class FfiKernels(ExpertKernels):
   fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM.
   fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
   kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
-  an elementwise kernel: "none" (or False), "dh", "up_proj", "both" (or True), or "auto": "dh"
-  where n <= FUSED_DH_MAX_N, else "none" (see FUSED_DH_MAX_N).
+  an elementwise kernel: "none" (or False, the default), "dh", "up_proj" or "both" (or True).
+  Opt-in: the cp.async GEMM without cluster multicast is slower than CUTLASS's TMA GEMM by more
+  than the elementwise pass costs (H200, session 16, docs/ffi.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -120,17 +119,14 @@ class FfiKernels(ExpertKernels):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind)
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
 
-  def _fuses(self, entry: str, n: int) -> bool:
-    """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel at width n."""
-    mode = self.fused_epilogue
-    if mode == "auto":
-      mode = "dh" if n <= FUSED_DH_MAX_N else "none"
-    return mode == "both" or mode == entry
+  def _fuses(self, entry: str) -> bool:
+    """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel."""
+    return self.fused_epilogue in ("both", entry)
 
   def up_proj(self, x, w1, plan, *, inference=False):
     # The fused kernels read x / dO through gather_idx: faster than on scatter_rows' gathered
     # copy in all four measured cases (H200, session 16; docs/ffi.md).
-    if self._fuses("up_proj", w1.shape[2] // 2):
+    if self._fuses("up_proj"):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
                                 write_h=not inference)
     h = self._gathered_gemm(x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
@@ -146,7 +142,7 @@ class FfiKernels(ExpertKernels):
     return out.astype(out_dtype)
 
   def dh(self, dout, w2, h, scores_grouped, plan):
-    if self._fuses("dh", w2.shape[1]):
+    if self._fuses("dh"):
       return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets)
     da = self._gathered_gemm(dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
                              GemmKind.VARLEN_M_GATHER_NT_F32)
