@@ -112,21 +112,16 @@ __global__ void swiglu_from_h_kernel(const uint4* h, const int32_t* offsets, int
   }
 }
 
-// One warp per row (grid-stride over rows), lanes over 4-column chunks, dS reduced by warp
-// shuffles. (Session 16: a block of 256 threads per row left 3/4 of them idle at n = 256 and
-// synchronized the block twice per row: 0.81 ms at T=40960, n=256, K=8, about 3x the bytes'
-// time.)
+// One block per row (grid-stride): elementwise dSwiGLU and a block reduction for dS.
 __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
                                const int32_t* offsets, int num_groups, int n4, uint2* dh,
                                uint2* a_prime, float* ds) {
+  __shared__ float partial[kThreads / 32];
   const int64_t total = offsets[num_groups];
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; row < total;
-       row += warps) {
+  for (int64_t row = blockIdx.x; row < total; row += gridDim.x) {
     const float sp = s[row];
     float dot = 0.0f;
-    for (int c = lane; c < n4; c += 32) {
+    for (int c = threadIdx.x; c < n4; c += blockDim.x) {
       const float4 d4 = da[row * n4 + c];
       const uint2 gv = h[row * 2 * n4 + c], uv = h[row * 2 * n4 + n4 + c];
       const float g[4] = {__uint_as_float(gv.x << 16), __uint_as_float(gv.x & 0xffff0000u),
@@ -151,7 +146,14 @@ __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) ds[row] = dot;
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = dot;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int w = 0; w < blockDim.x / 32; ++w) sum += partial[w];
+      ds[row] = sum;
+    }
+    __syncthreads();
   }
 }
 
@@ -228,8 +230,7 @@ cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
                     uint16_t* dh, uint16_t* a_prime, float* ds, cudaStream_t stream) {
   if (capacity == 0) return cudaSuccess;
   const int n4 = n / 4;
-  constexpr int kRowsPerBlock = ew::kThreads / 32;  // a warp per row
-  ew::dswiglu_kernel<<<ew::grid_for(capacity, kRowsPerBlock), ew::kThreads, 0, stream>>>(
+  ew::dswiglu_kernel<<<ew::grid_for(capacity, 1), ew::kThreads, 0, stream>>>(
       reinterpret_cast<const float4*>(da), reinterpret_cast<const uint2*>(h), s, group_offsets,
       num_groups, n4, reinterpret_cast<uint2*>(dh), reinterpret_cast<uint2*>(a_prime), ds);
   return cudaGetLastError();
