@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Session 16, device call 4: the ffi backend after the warp-per-row dSwiGLU kernel.
+# Session 16, device call 4 (lost its machine before it ran; run it in a later session): the ffi
+# backend after the warp-per-row dSwiGLU kernel, which is on the branch ffi-dswiglu-warp-per-row
+# (merge it, rebuild the library, run this; keep the merge if the tests pass and dswiglu is faster).
 #   1. GPU tests: the backward entry points (dswiglu against xla), the layer for every
 #      FfiKernels variant, the fused epilogues;
 #   2. per-kernel profile, fused_epilogue "none" against "dh", at two n = 256 configs;
