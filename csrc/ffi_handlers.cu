@@ -278,7 +278,8 @@ ffi::Error DhDSwigluImpl(cudaStream_t stream, int32_t config, int32_t gathered,
                          ffi::Buffer<ffi::BF16, 2> src, ffi::Buffer<ffi::S32, 1> idx,
                          ffi::Buffer<ffi::BF16, 3> w2, ffi::Buffer<ffi::BF16, 2> h,
                          ffi::Buffer<ffi::F32, 1> s, ffi::Buffer<ffi::S32, 1> offsets,
-                         ffi::ResultBuffer<ffi::BF16, 2> dh, ffi::ResultBuffer<ffi::BF16, 2> a_prime,
+                         ffi::ResultBuffer<ffi::BF16, 2> dh,
+                         ffi::ResultBuffer<ffi::BF16, 2> a_prime,
                          ffi::ResultBuffer<ffi::F32, 2> ds_part,
                          ffi::ResultBuffer<ffi::U8, 1> workspace) {
   note_call(stream);

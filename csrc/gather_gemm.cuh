@@ -22,8 +22,8 @@
 //             backward recomputes it.
 //   kDSwiGLU  dh: the accumulators are dA' = dO·W2ᵀ (P, n) in fp32; the epilogue loads H and the
 //             scores and writes dH = s·dSwiGLU(dA') (P, 2n), A' = s·A (P, n) and per-tile partial
-//             sums dS_part (P, n_tiles) of ⟨dA', A⟩ (reduced over the quad of lanes that share a
-//             row; the caller sums the n_tiles columns: no atomics, deterministic).
+//             sums dS_part (P, n_tiles) of ⟨dA', A⟩ (reduced over the quad of lanes that share
+//             a row; the caller sums the n_tiles columns: no atomics, deterministic).
 // gather_idx == nullptr reads row p of src (already gathered, e.g. by scatter_rows).
 #pragma once
 
@@ -42,7 +42,8 @@ using Bf16 = cutlass::bfloat16_t;
 
 // Tile schedules of the gather kinds (sonic::GemmConfig 4 and 5). Cooperative: the two consumer
 // warpgroups split the M rows of one tile. No setmaxnreg: all 384 threads fit in 168 registers
-// without spills (ptxas: 154-160 for 128x256), while taking the producer down to 40 spilled.
+// (ptxas: 154-160 for 128x256 with the plain and SwiGLU epilogues; the dSwiGLU one spills 120
+// bytes there), while taking the producer down to 40 spilled.
 struct GatherCoop128x128 {
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
 };
@@ -96,7 +97,8 @@ struct GatherGemm {
 
   static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kMmaThreads = cute::size(TiledMma{});
-  static_assert(kEpi != Epi::kDSwiGLU || kMmaThreads == 2 * kBM, "prefetch_h: a (row, half) each");
+  static_assert(kEpi != Epi::kDSwiGLU || kMmaThreads == 2 * kBM,
+                "prefetch_h: one consumer thread per (row, half)");
   static constexpr int kThreads = kProducerThreads + kMmaThreads;
   static_assert(kMmaThreads == 2 * cutlass::NumThreadsPerWarpGroup, "two consumer warpgroups");
   static_assert(kBK % kChunk == 0 && kProducerThreads % (kBK / kChunk) == 0);

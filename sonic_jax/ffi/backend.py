@@ -15,11 +15,12 @@ docs/ffi.md) lets up_proj and dh read the x / dO rows through gather_idx inside 
 gather. ``fused_epilogue`` runs up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in
 the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through
 gather_idx itself: H and A from the accumulators; dH, A' and dS from dA' without its fp32 round
-trip through HBM); elsewhere the epilogues are separate kernels. The gathered rows come from ``scatter_rows`` for
-top-K plans (``row_gather="scatter"``, the default: each token row read once and written to its
-K grouped rows; H200, session 12: 0.661 against 1.026 ms for ``gather_rows`` at T=32768, d=4096,
-K=8, benchmarks/results/dispatch-h200-2026-12-04-s12.md) and from ``gather_rows`` otherwise
-(token rounding, or ``row_gather="gather"``).
+trip through HBM; opt-in, slower on the H200 so far); elsewhere the epilogues are separate
+kernels. The gathered rows come from ``scatter_rows`` for top-K plans (``row_gather="scatter"``,
+the default: each token row read once and written to its K grouped rows; H200, session 12:
+0.661 against 1.026 ms for ``gather_rows`` at T=32768, d=4096, K=8,
+benchmarks/results/dispatch-h200-2026-12-04-s12.md) and from ``gather_rows`` otherwise (token
+rounding, or ``row_gather="gather"``).
 """
 
 from __future__ import annotations
