@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "sonic_ffi.h"
+#include "swiglu_math.cuh"
 
 namespace sonic {
 namespace ew {
@@ -45,7 +46,6 @@ __device__ __forceinline__ uint2 pack4(float a, float b, float c, float d) {
       static_cast<uint32_t>(f32_to_bf16(c)) | (static_cast<uint32_t>(f32_to_bf16(d)) << 16));
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 int grid_for(int64_t work, int per_block) {
   int64_t blocks = (work + per_block - 1) / per_block;
@@ -90,8 +90,8 @@ __global__ void swiglu_fwd_kernel(const float4* acc, const int32_t* offsets, int
       h[row * 2 * n4 + col] = pack4(g.x, g.y, g.z, g.w);
       h[row * 2 * n4 + n4 + col] = pack4(u.x, u.y, u.z, u.w);
     }
-    a[i] = pack4(g.x * sigmoid(g.x) * u.x, g.y * sigmoid(g.y) * u.y, g.z * sigmoid(g.z) * u.z,
-                 g.w * sigmoid(g.w) * u.w);
+    a[i] = pack4(swiglu_elem(g.x, u.x), swiglu_elem(g.y, u.y), swiglu_elem(g.z, u.z),
+                 swiglu_elem(g.w, u.w));
   }
 }
 
@@ -107,7 +107,7 @@ __global__ void swiglu_from_h_kernel(const uint4* h, const int32_t* offsets, int
     unpack8(h[row * 2 * n8 + col], g);
     unpack8(h[row * 2 * n8 + n8 + col], u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = g[j] * sigmoid(g[j]) * u[j];
+    for (int j = 0; j < 8; ++j) out[j] = swiglu_elem(g[j], u[j]);
     a[i] = pack8(out);
   }
 }
@@ -132,13 +132,11 @@ __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
       float dg[4], du[4], ap[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float sig = sigmoid(g[i]);
-        const float silu = g[i] * sig;
-        const float act = silu * u[i];
-        dot += d[i] * act;
-        dg[i] = sp * d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-        du[i] = sp * d[i] * silu;
-        ap[i] = sp * act;
+        const DSwiglu r = dswiglu_elem(g[i], u[i], d[i], sp);
+        dot += d[i] * r.act;
+        dg[i] = r.dg;
+        du[i] = r.du;
+        ap[i] = r.a_prime;
       }
       dh[row * 2 * n4 + c] = pack4(dg[0], dg[1], dg[2], dg[3]);
       dh[row * 2 * n4 + n4 + c] = pack4(du[0], du[1], du[2], du[3]);

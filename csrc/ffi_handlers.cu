@@ -235,6 +235,26 @@ ffi::Error check_fused_operands(const char* name, bool gathered, ffi::AnyBuffer:
                                   : ": without a gather, src must have one row per output row"));
 }
 
+// The operands both fused-epilogue handlers pass (after check_fused_operands); the caller adds
+// its epilogue's buffers.
+GroupedGemmParams fused_params(ffi::Buffer<ffi::BF16, 2> src, ffi::Buffer<ffi::S32, 1> idx,
+                               const void* b, ffi::Buffer<ffi::S32, 1> offsets, int64_t n,
+                               int64_t k, bool gathered, void* workspace,
+                               size_t workspace_bytes) {
+  GroupedGemmParams p{};
+  p.a = src.untyped_data();
+  p.b = b;
+  p.group_offsets = offsets.typed_data();
+  p.num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.workspace = workspace;
+  p.workspace_bytes = workspace_bytes;
+  p.gather_idx = gathered ? idx.typed_data() : nullptr;
+  p.src_rows = src.dimensions()[0];
+  return p;
+}
+
 // config: GemmConfig (4 or 5), gathered: 1 = src rows through gather_idx, 0 = src is (P, K).
 // src, gather_idx (P,) s32, w1 (E, K, 2n) bf16, group_offsets (E+1,) -> h (P, 2n) bf16 or (0, 2n)
 // (not written: inference), a (P, n) bf16, workspace u8.
@@ -253,17 +273,8 @@ ffi::Error UpProjSwigluImpl(cudaStream_t stream, int32_t config, int32_t gathere
                      "up_proj_swiglu: need w1 (E, K, 2n), a (P, n) and h (P, 2n) or (0, 2n); got "
                      "w1 " + dims_str(wd) + ", a " + dims_str(ad) + ", h " + dims_str(hd));
       e.failure()) return e;
-  GroupedGemmParams p{};
-  p.a = src.untyped_data();
-  p.b = w1.untyped_data();
-  p.group_offsets = offsets.typed_data();
-  p.num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(k);
-  p.workspace = workspace->untyped_data();
-  p.workspace_bytes = workspace->size_bytes();
-  p.gather_idx = gathered ? idx.typed_data() : nullptr;
-  p.src_rows = src.dimensions()[0];
+  GroupedGemmParams p = fused_params(src, idx, w1.untyped_data(), offsets, n, k, gathered != 0,
+                                     workspace->untyped_data(), workspace->size_bytes());
   p.h_out = hd[0] == 0 ? nullptr : h->untyped_data();
   p.a_out = a->untyped_data();
   std::string err = run_grouped_gemm(GemmKind::kVarlenMGatherSwiGLU, config, p, stream);
@@ -300,17 +311,8 @@ ffi::Error DhDSwigluImpl(cudaStream_t stream, int32_t config, int32_t gathered,
                      "(P, ceil(n / " + std::to_string(tile_n) + ")); got w2 " + dims_str(wd) +
                          ", h " + dims_str(hd) + ", ds_part " + dims_str(dd));
       e.failure()) return e;
-  GroupedGemmParams p{};
-  p.a = src.untyped_data();
-  p.b = w2.untyped_data();
-  p.group_offsets = offsets.typed_data();
-  p.num_groups = static_cast<int>(offsets.dimensions()[0] - 1);
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(k);
-  p.workspace = workspace->untyped_data();
-  p.workspace_bytes = workspace->size_bytes();
-  p.gather_idx = gathered ? idx.typed_data() : nullptr;
-  p.src_rows = src.dimensions()[0];
+  GroupedGemmParams p = fused_params(src, idx, w2.untyped_data(), offsets, n, k, gathered != 0,
+                                     workspace->untyped_data(), workspace->size_bytes());
   p.h_in = h.untyped_data();
   p.scores = s.typed_data();
   p.dh_out = dh->untyped_data();

@@ -34,6 +34,7 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/pipeline/pipeline.hpp"
 #include "grouped_gemm.cuh"
+#include "swiglu_math.cuh"
 
 namespace sonic {
 namespace gather {
@@ -257,15 +258,20 @@ struct GatherGemm {
     }
   }
 
+  // (row, column) in the tile of each accumulator value of consumer thread `mma_tid`.
+  CUTE_HOST_DEVICE static auto tile_coords(int mma_tid) {
+    using namespace cute;
+    return TiledMma{}.get_slice(mma_tid).partition_C(
+        make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+  }
+
   // Consumer epilogue straight from the accumulators: rows past the group end and columns past
   // N are never written (neighbouring experts own those rows).
   template <class Accum>
   static __device__ void store_tile(const Params& p, const TileCoord& tc, const Accum& acc,
                                     int mma_tid) {
     using namespace cute;
-    TiledMma mma;
-    auto thr = mma.get_slice(mma_tid);
-    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    Tensor coord = tile_coords(mma_tid);
     static_assert(decltype(size(coord))::value % 2 == 0);
     Out* d = p.d + int64_t(tc.row0) * p.n + tc.n0;
     const int n_left = p.n - tc.n0;
@@ -297,7 +303,6 @@ struct GatherGemm {
   // holds pairs of adjacent columns (i, i + 1), two rows r and r + 8, the four lanes of a quad
   // hold the same rows, and (kSwiGLU) the fragment's second half repeats its first half's
   // coordinates BN/2 columns to the right. layout_ok() checks exactly this on the host.
-  static __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
   // H = bf16([gate | up]) and A = silu(g)·u from the bf16-rounded g, u (what the backward
   // recomputes from H), as bf16 pairs; rows past the group end and columns past n not written.
@@ -305,9 +310,7 @@ struct GatherGemm {
   static __device__ void store_swiglu(const Params& p, const TileCoord& tc, const Accum& acc,
                                       int mma_tid) {
     using namespace cute;
-    TiledMma mma;
-    auto thr = mma.get_slice(mma_tid);
-    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    Tensor coord = tile_coords(mma_tid);
     constexpr int kHalf = decltype(size(acc))::value / 2;
     const int64_t two_n = 2 * int64_t(p.n);
     const int n_left = p.n - tc.n0;
@@ -325,7 +328,7 @@ struct GatherGemm {
       }
       const float2 g = __bfloat1622float2(g2), u = __bfloat1622float2(u2);
       *reinterpret_cast<__nv_bfloat162*>(p.a_out + row * p.n + tc.n0 + c) =
-          __floats2bfloat162_rn(g.x * sigmoid(g.x) * u.x, g.y * sigmoid(g.y) * u.y);
+          __floats2bfloat162_rn(swiglu_elem(g.x, u.x), swiglu_elem(g.y, u.y));
     }
   }
 
@@ -354,9 +357,7 @@ struct GatherGemm {
   static __device__ void store_dswiglu(const Params& p, const TileCoord& tc, const Accum& acc,
                                        int mma_tid) {
     using namespace cute;
-    TiledMma mma;
-    auto thr = mma.get_slice(mma_tid);
-    Tensor coord = thr.partition_C(make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    Tensor coord = tile_coords(mma_tid);
     constexpr int kPairs = decltype(size(acc))::value / 2;
     static_assert(kPairs % kLoadPairs == 0);
     const int64_t two_n = 2 * int64_t(p.n);
@@ -393,13 +394,11 @@ struct GatherGemm {
         float dg[2], du[2], ap[2], dot = 0.0f;
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < 2; ++k) {
-          const float sig = sigmoid(gs[k]);
-          const float silu = gs[k] * sig;
-          const float act = silu * us[k];
-          dot += ds[k] * act;
-          dg[k] = sp * ds[k] * us[k] * sig * (1.0f + gs[k] * (1.0f - sig));
-          du[k] = sp * ds[k] * silu;
-          ap[k] = sp * act;
+          const DSwiglu e = dswiglu_elem(gs[k], us[k], ds[k], sp);
+          dot += ds[k] * e.act;
+          dg[k] = e.dg;
+          du[k] = e.du;
+          ap[k] = e.a_prime;
         }
         if (lo) dot_lo += dot; else dot_hi += dot;
         Bf16* dh = p.dh_out + row * two_n + tc.n0 + c;
@@ -424,12 +423,10 @@ struct GatherGemm {
   // Host check of the accumulator layout the fused epilogues assume (see above).
   static bool layout_ok() {
     using namespace cute;
-    TiledMma mma;
-    auto ident = make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{}));
-    constexpr int kSize = decltype(size(mma.get_slice(0).partition_C(ident)))::value;
+    constexpr int kSize = decltype(size(tile_coords(0)))::value;
     for (int t = 0; t < kMmaThreads; ++t) {
-      auto coord = mma.get_slice(t).partition_C(ident);
-      auto quad0 = mma.get_slice(t & ~3).partition_C(ident);
+      auto coord = tile_coords(t);
+      auto quad0 = tile_coords(t & ~3);
       const int r_lo = get<0>(coord(0));
       if (get<0>(quad0(0)) != r_lo) return false;
       for (int i = 0; i < kSize; ++i) {
