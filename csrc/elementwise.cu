@@ -112,6 +112,32 @@ __global__ void swiglu_from_h_kernel(const uint4* h, const int32_t* offsets, int
   }
 }
 
+// dSwiGLU of one 4-column chunk c of row `row`; returns the chunk's part of dS.
+__device__ __forceinline__ float dswiglu_chunk(const float4* da, const uint2* h, float sp,
+                                               int64_t row, int n4, int c, uint2* dh,
+                                               uint2* a_prime) {
+  const float4 d4 = da[row * n4 + c];
+  const uint2 gv = h[row * 2 * n4 + c], uv = h[row * 2 * n4 + n4 + c];
+  const float g[4] = {__uint_as_float(gv.x << 16), __uint_as_float(gv.x & 0xffff0000u),
+                      __uint_as_float(gv.y << 16), __uint_as_float(gv.y & 0xffff0000u)};
+  const float u[4] = {__uint_as_float(uv.x << 16), __uint_as_float(uv.x & 0xffff0000u),
+                      __uint_as_float(uv.y << 16), __uint_as_float(uv.y & 0xffff0000u)};
+  const float d[4] = {d4.x, d4.y, d4.z, d4.w};
+  float dg[4], du[4], ap[4], dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const DSwiglu r = dswiglu_elem(g[i], u[i], d[i], sp);
+    dot += d[i] * r.act;
+    dg[i] = r.dg;
+    du[i] = r.du;
+    ap[i] = r.a_prime;
+  }
+  dh[row * 2 * n4 + c] = pack4(dg[0], dg[1], dg[2], dg[3]);
+  dh[row * 2 * n4 + n4 + c] = pack4(du[0], du[1], du[2], du[3]);
+  a_prime[row * n4 + c] = pack4(ap[0], ap[1], ap[2], ap[3]);
+  return dot;
+}
+
 // One block per row (grid-stride): elementwise dSwiGLU and a block reduction for dS.
 __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
                                const int32_t* offsets, int num_groups, int n4, uint2* dh,
@@ -122,25 +148,7 @@ __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
     const float sp = s[row];
     float dot = 0.0f;
     for (int c = threadIdx.x; c < n4; c += blockDim.x) {
-      const float4 d4 = da[row * n4 + c];
-      const uint2 gv = h[row * 2 * n4 + c], uv = h[row * 2 * n4 + n4 + c];
-      const float g[4] = {__uint_as_float(gv.x << 16), __uint_as_float(gv.x & 0xffff0000u),
-                          __uint_as_float(gv.y << 16), __uint_as_float(gv.y & 0xffff0000u)};
-      const float u[4] = {__uint_as_float(uv.x << 16), __uint_as_float(uv.x & 0xffff0000u),
-                          __uint_as_float(uv.y << 16), __uint_as_float(uv.y & 0xffff0000u)};
-      const float d[4] = {d4.x, d4.y, d4.z, d4.w};
-      float dg[4], du[4], ap[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const DSwiglu r = dswiglu_elem(g[i], u[i], d[i], sp);
-        dot += d[i] * r.act;
-        dg[i] = r.dg;
-        du[i] = r.du;
-        ap[i] = r.a_prime;
-      }
-      dh[row * 2 * n4 + c] = pack4(dg[0], dg[1], dg[2], dg[3]);
-      dh[row * 2 * n4 + n4 + c] = pack4(du[0], du[1], du[2], du[3]);
-      a_prime[row * n4 + c] = pack4(ap[0], ap[1], ap[2], ap[3]);
+      dot += dswiglu_chunk(da, h, sp, row, n4, c, dh, a_prime);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -152,6 +160,29 @@ __global__ void dswiglu_kernel(const float4* da, const uint2* h, const float* s,
       ds[row] = sum;
     }
     __syncthreads();
+  }
+}
+
+// The same with one warp per row (grid-stride over rows), lanes over the chunks, dS reduced by
+// warp shuffles. The block version leaves 3/4 of its 256 threads idle at n = 256 (64 chunks) and
+// synchronizes the block twice per row: 0.81 ms at T=40960, n=256, K=8 on the H200, about 3x the
+// time of its bytes (session 16). Selected by sonic_jax.ffi.ops.dswiglu(warp_per_row=True);
+// not yet run on a GPU.
+__global__ void dswiglu_warp_kernel(const float4* da, const uint2* h, const float* s,
+                                    const int32_t* offsets, int num_groups, int n4, uint2* dh,
+                                    uint2* a_prime, float* ds) {
+  const int64_t total = offsets[num_groups];
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  // `row` is the same for the 32 lanes of a warp, so every lane reaches the shuffles below.
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; row < total;
+       row += warps) {
+    const float sp = s[row];
+    float dot = 0.0f;
+    for (int c = lane; c < n4; c += 32) dot += dswiglu_chunk(da, h, sp, row, n4, c, dh, a_prime);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) ds[row] = dot;
   }
 }
 
@@ -225,10 +256,13 @@ cudaError_t swiglu_from_h(const uint16_t* h, const int32_t* group_offsets, int n
 
 cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
                     const int32_t* group_offsets, int num_groups, int64_t capacity, int n,
-                    uint16_t* dh, uint16_t* a_prime, float* ds, cudaStream_t stream) {
+                    uint16_t* dh, uint16_t* a_prime, float* ds, bool warp_per_row,
+                    cudaStream_t stream) {
   if (capacity == 0) return cudaSuccess;
   const int n4 = n / 4;
-  ew::dswiglu_kernel<<<ew::grid_for(capacity, 1), ew::kThreads, 0, stream>>>(
+  auto* kernel = warp_per_row ? ew::dswiglu_warp_kernel : ew::dswiglu_kernel;
+  const int rows_per_block = warp_per_row ? ew::kThreads / 32 : 1;
+  kernel<<<ew::grid_for(capacity, rows_per_block), ew::kThreads, 0, stream>>>(
       reinterpret_cast<const float4*>(da), reinterpret_cast<const uint2*>(h), s, group_offsets,
       num_groups, n4, reinterpret_cast<uint2*>(dh), reinterpret_cast<uint2*>(a_prime), ds);
   return cudaGetLastError();

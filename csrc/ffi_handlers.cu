@@ -365,7 +365,8 @@ ffi::Error SwigluFromHImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> h,
 }
 
 // da (P, n) f32, h (P, 2n) bf16, s (P,) f32 -> dh (P, 2n) bf16, a' (P, n) bf16, ds (P,) f32.
-ffi::Error DSwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> da,
+// warp_per_row: 1 = a warp per row, 0 = a block per row.
+ffi::Error DSwigluImpl(cudaStream_t stream, int32_t warp_per_row, ffi::Buffer<ffi::F32, 2> da,
                        ffi::Buffer<ffi::BF16, 2> h, ffi::Buffer<ffi::F32, 1> s,
                        ffi::Buffer<ffi::S32, 1> offsets, ffi::ResultBuffer<ffi::BF16, 2> dh,
                        ffi::ResultBuffer<ffi::BF16, 2> a_prime, ffi::ResultBuffer<ffi::F32, 1> ds) {
@@ -379,7 +380,7 @@ ffi::Error DSwigluImpl(cudaStream_t stream, ffi::Buffer<ffi::F32, 2> da,
                     dswiglu(da.typed_data(), h.typed_data(), s.typed_data(),
                             offsets.typed_data(), static_cast<int>(offsets.dimensions()[0] - 1),
                             cap, static_cast<int>(n), dh->typed_data(), a_prime->typed_data(),
-                            ds->typed_data(), stream));
+                            ds->typed_data(), warp_per_row != 0, stream));
 }
 
 // y (P, d) bf16, token_offsets (T+1,), reverse_idx (P,), [scores (P,) f32] -> out (T, d) bf16.
@@ -540,6 +541,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicSwigluFromH, SwigluFromHImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicDSwiglu, DSwigluImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<Stream>()
+                                  .Attr<int32_t>("warp_per_row")
                                   .Arg<F32Matrix>()
                                   .Arg<Bf16Matrix>()
                                   .Arg<F32Vector>()
@@ -571,7 +573,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 5; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 6; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown

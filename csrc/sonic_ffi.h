@@ -133,9 +133,12 @@ cudaError_t swiglu_from_h(const uint16_t* h, const int32_t* group_offsets, int n
 
 // dSwiGLU / dS / A' epilogue: from da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32:
 // a = silu(g)·u (fp32 from bf16 h), ds = <da, a>, dh = s·dSwiGLU(da), a_prime = s·a.
+// warp_per_row: a warp per row instead of a 256-thread block (same dh and a_prime bits; ds
+// summed in another order).
 cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
                     const int32_t* group_offsets, int num_groups, int64_t capacity, int n,
-                    uint16_t* dh, uint16_t* a_prime, float* ds, cudaStream_t stream);
+                    uint16_t* dh, uint16_t* a_prime, float* ds, bool warp_per_row,
+                    cudaStream_t stream);
 
 // out[t] = Σ_{j in [token_offsets[t], token_offsets[t+1])} s_j · y[reverse_idx[j]] (fp32 acc),
 // scores == nullptr for an unweighted sum. cols % 8 == 0.

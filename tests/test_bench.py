@@ -468,6 +468,10 @@ def test_bench_variants_parse_ffi_options():
   k = kernels_for("ffi:dw1-last:row_gather=gather")
   assert k == FfiKernels(dw1_last=True, row_gather="gather") and k.dw1_last
   assert kernels_for("ffi:fused-gather").fused_gather
+  assert kernels_for("ffi:fused_epilogue=dh") == FfiKernels(fused_epilogue="dh")
+  assert kernels_for("ffi:dswiglu=warp").dswiglu == "warp"
+  with pytest.raises(SystemExit, match="dswiglu must be 'block' or 'warp'"):
+    kernels_for("ffi:dswiglu=grid")
   with pytest.raises(SystemExit, match="unknown variant 'ffi:nope'"):
     kernels_for("ffi:nope")
   with pytest.raises(SystemExit, match="row_gather must be 'gather' or 'scatter'"):

@@ -313,6 +313,14 @@ def test_ffi_kernels_fused_epilogue_switch():
     assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e)) == want, mode
 
 
+def test_ffi_kernels_dswiglu_switch():
+  assert FfiKernels().dswiglu == "block"  # the warp kernel has not run on a GPU yet
+  assert FfiKernels(dswiglu="warp") != FfiKernels()
+  assert "dswiglu='warp'" in repr(FfiKernels(dswiglu="warp"))
+  with pytest.raises(ValueError, match="dswiglu must be 'block' or 'warp', got 'grid'"):
+    FfiKernels(dswiglu="grid")
+
+
 def test_handlers_are_marked_command_buffer_compatible():
   text = (CSRC / "ffi_handlers.cu").read_text()
   blocks = re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((\w+),[^;]*;", text)
@@ -453,7 +461,8 @@ def test_backward_entry_points_match_xla(routing, data):
 
 _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused_gather=True),
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
-                   "fused_dh": FfiKernels(fused_epilogue="dh")}
+                   "fused_dh": FfiKernels(fused_epilogue="dh"),
+                   "dswiglu_warp": FfiKernels(dswiglu="warp")}
 
 
 @pytest.mark.gpu
@@ -874,3 +883,29 @@ def test_fused_epilogue_entry_points_match_xla(routing, data):
   assert _rel(dh, dh_r, rows) < BF16_TOL
   assert _rel(a_prime, a_prime_r, rows) < BF16_TOL
   assert _rel(ds, ds_r, rows) < F32_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [128, 136, 1024], ids=["n128", "n136", "n1024"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_dswiglu_warp_per_row_matches_block_per_row(routing, n):
+  """The warp-per-row dSwiGLU kernel gives the block kernel's dH and A' bit for bit and its dS to
+  fp32 summation order (n = 136: lanes with two 4-column chunks and lanes with one; n = 1024:
+  eight chunks a lane), and both match a float64 reference."""
+  plan = _plans(T, E)[routing]
+  p = plan.capacity
+  ks = jax.random.split(jax.random.key(29), 3)
+  da = jax.random.normal(ks[0], (p, n), jnp.float32)
+  h = jax.random.normal(ks[1], (p, 2 * n), jnp.bfloat16)
+  s = jax.random.uniform(ks[2], (p,), jnp.float32, 0.1, 1.0)
+  rows = _rows(plan)
+  f = jax.jit(lambda *a, w: ops.dswiglu(*a, warp_per_row=w), static_argnames="w")
+  block = [np.asarray(v, np.float32)[rows] for v in f(da, h, s, plan.group_offsets, w=False)]
+  warp = [np.asarray(v, np.float32)[rows] for v in f(da, h, s, plan.group_offsets, w=True)]
+  np.testing.assert_array_equal(warp[0], block[0])  # dH
+  np.testing.assert_array_equal(warp[1], block[1])  # A'
+  assert _rel(warp[2], block[2]) < 1e-6  # dS
+  hh = np.asarray(jnp.asarray(h, jnp.float32), np.float64)[rows]
+  g, u = hh[:, :n], hh[:, n:]
+  ds64 = np.sum(np.asarray(da, np.float64)[rows] * g / (1 + np.exp(-g)) * u, axis=1)
+  assert _rel(warp[2], ds64) < F32_TOL

@@ -11,8 +11,8 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``pallas::row_gather=jax_triton``.
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
-``fused-gather``, ``row_gather=<scatter|gather>`` and ``fused_epilogue=<none|dh|up_proj|both>``,
-e.g. ``ffi:dw1-last`` or ``ffi:fused_epilogue=dh``.
+``fused-gather``, ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>`` and
+``dswiglu=<block|warp>``, e.g. ``ffi:dw1-last`` or ``ffi:fused_epilogue=dh``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _base_configs(kern, d: int, n: int) -> dict:
 
 
 FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>",
-               "fused_epilogue=<none|dh|up_proj|both>")
+               "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>")
 
 
 def _ffi_kernels(spec: str):
@@ -62,6 +62,8 @@ def _ffi_kernels(spec: str):
       kw["row_gather"] = o.split("=", 1)[1]
     elif o.startswith("fused_epilogue="):
       kw["fused_epilogue"] = o.split("=", 1)[1]
+    elif o.startswith("dswiglu="):
+      kw["dswiglu"] = o.split("=", 1)[1]
     elif o:
       raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
                        f"{', '.join(FFI_OPTIONS)}")

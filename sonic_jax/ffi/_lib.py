@@ -25,7 +25,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 
 def _search_dirs() -> list[pathlib.Path]:

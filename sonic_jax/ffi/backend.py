@@ -47,6 +47,9 @@ class FfiKernels(ExpertKernels):
   an elementwise kernel: "none" (or False, the default), "dh", "up_proj" or "both" (or True).
   Opt-in: the cp.async GEMM without cluster multicast is slower than CUTLASS's TMA GEMM by more
   than the elementwise pass costs (H200, session 16, docs/ffi.md).
+  dswiglu: the separate dSwiGLU kernel, "block" (a 256-thread block per row, the default) or
+  "warp" (a warp per row; written in session 16 for n <= 256, where the block version leaves
+  3/4 of its threads idle; not yet run on a GPU).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -58,12 +61,15 @@ class FfiKernels(ExpertKernels):
   name = "ffi"
 
   def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
-               dw1_last: bool = False, fused_epilogue: bool | str = "none"):
+               dw1_last: bool = False, fused_epilogue: bool | str = "none",
+               dswiglu: str = "block"):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
       raise ValueError(f"fused_epilogue must be a bool or one of {FUSED_EPILOGUES}, got "
                        f"{fused_epilogue!r}")
+    if dswiglu not in ("block", "warp"):
+      raise ValueError(f"dswiglu must be 'block' or 'warp', got {dswiglu!r}")
     for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last)):
       if not isinstance(v, bool):
         raise ValueError(f"{arg} must be a bool, got {v!r}")
@@ -73,9 +79,11 @@ class FfiKernels(ExpertKernels):
     self.row_gather = row_gather
     self.dw1_last = dw1_last
     self.fused_epilogue = fused_epilogue
+    self.dswiglu = dswiglu
 
   def _key(self):
-    return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue)
+    return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
+            self.dswiglu)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -87,7 +95,8 @@ class FfiKernels(ExpertKernels):
 
   def __repr__(self):
     return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
-            f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r})")
+            f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
+            f"dswiglu={self.dswiglu!r})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -147,7 +156,8 @@ class FfiKernels(ExpertKernels):
       return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets)
     da = self._gathered_gemm(dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
                              GemmKind.VARLEN_M_GATHER_NT_F32)
-    return ops.dswiglu(da, h, scores_grouped, plan.group_offsets)
+    return ops.dswiglu(da, h, scores_grouped, plan.group_offsets,
+                       warp_per_row=self.dswiglu == "warp")
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets

@@ -223,14 +223,19 @@ def swiglu_from_h(h: jax.Array, group_offsets: jax.Array) -> jax.Array:
                group_offsets.astype(jnp.int32))
 
 
-def dswiglu(da: jax.Array, h: jax.Array, s: jax.Array, group_offsets: jax.Array
-            ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32 -> dH (P, 2n), A' (P, n) bf16, dS (P,) fp32."""
+def dswiglu(da: jax.Array, h: jax.Array, s: jax.Array, group_offsets: jax.Array, *,
+            warp_per_row: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32 -> dH (P, 2n), A' (P, n) bf16, dS (P,) fp32.
+
+  warp_per_row: a warp per row instead of a 256-thread block per row (the same dH and A'; dS
+  summed in another order). Not yet run on a GPU (docs/ffi.md).
+  """
   p, n = da.shape
   return _call("sonic_jax_dswiglu",
                (jax.ShapeDtypeStruct((p, 2 * n), _BF16), jax.ShapeDtypeStruct((p, n), _BF16),
                 jax.ShapeDtypeStruct((p,), _F32)),
-               da, h, s.astype(_F32), group_offsets.astype(jnp.int32))
+               da, h, s.astype(_F32), group_offsets.astype(jnp.int32),
+               warp_per_row=np.int32(bool(warp_per_row)))
 
 
 def combine(y: jax.Array, token_offsets: jax.Array, reverse_idx: jax.Array,
