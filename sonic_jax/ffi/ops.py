@@ -114,28 +114,29 @@ def gathered_grouped_gemm(src: jax.Array, gather_idx: jax.Array, b: jax.Array,
 
 
 def _fused_rows(name: str, src: jax.Array, gather_idx: jax.Array | None, b: jax.Array,
-                group_offsets: jax.Array, k: int, n: int, b_form: str, rows: int | None = None):
-  """Checks shared by the fused-epilogue GEMMs; returns (P, idx, gathered)."""
+                b_name: str, b_form: str, group_offsets: jax.Array, k: int, n: int,
+                rows: int | None = None) -> tuple[int, jax.Array, int]:
+  """Checks shared by the fused-epilogue GEMMs (b is the weight operand ``b_name`` of shape
+  ``b_form``, rows the output rows P when the caller knows them); returns (P, the int32 index
+  to pass, 1 if the kernel gathers through it else 0)."""
   if src.ndim != 2 or b.ndim != 3 or group_offsets.ndim != 1:
-    raise ValueError(f"{name}: need src (T, K), {b_form[0]} {b_form[1]} and group_offsets (E+1,); "
-                     f"got src {src.shape}, {b_form[0]} {b.shape}, group_offsets "
-                     f"{group_offsets.shape}")
-  for arg, arr in (("src", src), (b_form[0], b)):
+    raise ValueError(f"{name}: need src (T, K), {b_name} {b_form} and group_offsets (E+1,); got "
+                     f"src {src.shape}, {b_name} {b.shape}, group_offsets {group_offsets.shape}")
+  for arg, arr in (("src", src), (b_name, b)):
     if arr.dtype != _BF16:
       raise ValueError(f"{name}: {arg} must be bf16, got {arr.dtype}")
   num_groups = group_offsets.shape[0] - 1
   if b.shape[0] != num_groups or k != src.shape[1]:
-    raise ValueError(f"{name}: {b_form[0]} must be {b_form[1]} with E = group_offsets.shape[0] - 1 "
-                     f"= {num_groups} and K = src.shape[1] = {src.shape[1]}, got {b.shape}")
+    raise ValueError(f"{name}: {b_name} must be {b_form} with E = group_offsets.shape[0] - 1 = "
+                     f"{num_groups} and K = src.shape[1] = {src.shape[1]}, got {b.shape}")
   if k % 8 or n % 8:
     raise ValueError(f"{name}: K and n must be multiples of 8 (16-byte cp.async chunks), got "
                      f"K={k}, n={n}")
   if gather_idx is None:
-    p = src.shape[0] if rows is None else rows
     if rows is not None and src.shape[0] != rows:
       raise ValueError(f"{name}: without gather_idx, src must hold the {rows} gathered rows, got "
                        f"src {src.shape}")
-    return p, jnp.zeros((1,), jnp.int32), 0
+    return src.shape[0], jnp.zeros((1,), jnp.int32), 0  # the index buffer is not read
   if gather_idx.ndim != 1 or (rows is not None and gather_idx.shape[0] != rows):
     raise ValueError(f"{name}: gather_idx must be (P,) with P = {rows}, got {gather_idx.shape}")
   return gather_idx.shape[0], gather_idx.astype(jnp.int32), 1
@@ -155,8 +156,8 @@ def up_proj_swiglu(src: jax.Array, gather_idx: jax.Array | None, w1: jax.Array,
   if w1.ndim != 3 or w1.shape[2] % 2:
     raise ValueError(f"up_proj_swiglu: w1 must be (E, d, 2n), got {w1.shape}")
   n = w1.shape[2] // 2
-  p, idx, gathered = _fused_rows("up_proj_swiglu", src, gather_idx, w1, group_offsets,
-                                 w1.shape[1], n, ("w1", "(E, d, 2n)"))
+  p, idx, gathered = _fused_rows("up_proj_swiglu", src, gather_idx, w1, "w1", "(E, d, 2n)",
+                                 group_offsets, w1.shape[1], n)
   kind = GemmKind.VARLEN_M_GATHER_SWIGLU
   config = schedules.check(kind, schedules.pick(kind, n, w1.shape[1]) if config is None
                            else config)
@@ -188,8 +189,8 @@ def dh_dswiglu(src: jax.Array, gather_idx: jax.Array | None, w2: jax.Array, h: j
   p = h.shape[0]
   if s.shape != (p,):
     raise ValueError(f"dh_dswiglu: s must be (P,) = ({p},), got {s.shape}")
-  _, idx, gathered = _fused_rows("dh_dswiglu", src, gather_idx, w2, group_offsets, k, n,
-                                 ("w2", "(E, n, d)"), rows=p)
+  _, idx, gathered = _fused_rows("dh_dswiglu", src, gather_idx, w2, "w2", "(E, n, d)",
+                                 group_offsets, k, n, rows=p)
   kind = GemmKind.VARLEN_M_GATHER_DSWIGLU
   config = schedules.check(kind, schedules.pick(kind, n, k) if config is None else config)
   ws = _lib.gemm_workspace_bytes(int(kind), int(config), group_offsets.shape[0] - 1)
