@@ -338,6 +338,30 @@ def test_registered_symbols_exist_in_the_handlers():
   assert f"sonic_jax_abi_version() {{ return {_lib.ABI_VERSION}; }}" in text
 
 
+def test_sweep_layer_rows_time_the_whole_step():
+  """The sweep's layer rows: the forward, and the training step of the layer benchmark (output
+  and gradients, so the forward's down projection and combine are kept), with the paper's
+  FLOP counts. Run here with the xla backend (the ffi kernels need a GPU)."""
+  from sonic_jax.ffi.sweep import _layer_rows
+  t, d, n, e, k = 32, 16, 8, 4, 2
+  ks = jax.random.split(jax.random.key(5), 5)
+  x = jax.random.normal(ks[0], (t, d), jnp.float32)
+  router_w = jax.random.normal(ks[1], (d, e), jnp.float32)
+  w1 = jax.random.normal(ks[2], (e, d, 2 * n), jnp.float32)
+  w2 = jax.random.normal(ks[3], (e, n, d), jnp.float32)
+  cot = jax.random.normal(ks[4], (t, d), jnp.float32)
+  moe = lambda *a: sonic_jax.moe(*a, top_k=k, backend="xla")
+  (fwd_name, fwd, fwd_args, fwd_flops), (step_name, step, step_args, step_flops) = _layer_rows(
+      moe, x, router_w, w1, w2, cot, k)
+  assert (fwd_name, step_name) == ("layer fwd", "layer fwd+bwd")
+  assert (fwd_flops, step_flops) == (6 * t * k * d * n, 18 * t * k * d * n)
+  out, grads = step(*step_args)
+  np.testing.assert_allclose(out, fwd(*fwd_args), rtol=1e-5, atol=1e-5)
+  want = jax.grad(lambda *a: jnp.sum(moe(*a) * cot), argnums=(0, 1, 2, 3))(x, router_w, w1, w2)
+  for g, g_ref in zip(grads, want):
+    assert _rel(g, g_ref) < 1e-5
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 def test_cmake_switch_off_is_a_pure_python_configure(tmp_path):
   out = subprocess.run(["cmake", "-S", str(CSRC), "-B", str(tmp_path), "-DSONIC_JAX_CUDA=OFF"],

@@ -9,7 +9,8 @@ next to an XLA dense matmul of the same total shape; the up_proj entry point as 
 it (fp32 accumulator + SwiGLU kernel) and as now (bf16 H from the GEMM); then the layer forward
 and forward+backward (``sonic_jax.moe(..., backend="ffi")``) with the kinds' default schedules
 and with the fastest schedule of each GEMM (--layer-only: the layer with the table as it
-is). The opt-in fused gather (``FfiKernels(fused_gather=True)``, GitHub issue #5): the gathered
+is; the forward+backward row is the layer benchmark's whole training step, output and
+gradients). The opt-in fused gather (``FfiKernels(fused_gather=True)``, GitHub issue #5): the gathered
 up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA grouped GEMM
 (checked against it), and the layer with fused_gather=True (also with --layer-only).
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
@@ -32,6 +33,7 @@ import numpy as np
 
 import sonic_jax
 from sonic_jax import experts
+from sonic_jax.bench.runner import fwdbwd_step
 from sonic_jax.bench.timing import compile_and_time
 from sonic_jax.ffi import ops, schedules
 from sonic_jax.ffi.backend import FfiKernels
@@ -54,6 +56,17 @@ def _rel(a, b) -> float:
   if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
     return float("nan")
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _layer_rows(moe, x, router_w, w1, w2, cot, k):
+  """[(name, jitted fn, args, flops)] of the layer forward and of the whole training step
+  (``runner.fwdbwd_step``: the output and the gradients, as the layer benchmark times it; with
+  the gradients alone XLA drops the forward's down projection and combine)."""
+  t, d = x.shape
+  n = w2.shape[1]
+  return [("layer fwd", jax.jit(moe), (x, router_w, w1, w2), 6 * t * k * d * n),
+          ("layer fwd+bwd", jax.jit(fwdbwd_step(moe)), (x, router_w, w1, w2, cot),
+           18 * t * k * d * n)]
 
 
 def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
@@ -176,6 +189,7 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
       print(f"  {name:30s} {ms:7.3f} ms  (v2 vs v1 rel err H {errs['h']:.1e} A {errs['a']:.1e})")
 
   router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
+  cot = jax.random.normal(jax.random.key(1), (t, d), bf)
   saved = dict(schedules.MEASURED)
   for table in (("default", "swept") if full else ("table",)):
     if table == "default":
@@ -186,11 +200,8 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
     jax.clear_caches()
     experts._expert_block.cache_clear()
     moe = lambda x, r, w1, w2: sonic_jax.moe(x, r, w1, w2, top_k=k, backend="ffi")
-    layer = [("layer fwd", moe, 6 * t * k * d * n),
-             ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
-                                        argnums=(0, 1, 2, 3)), 18 * t * k * d * n)]
-    for name, f, flops in layer:
-      ms, timer, _ = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)
+    for name, f, args, flops in _layer_rows(moe, x, router_w, w1, w2, cot, k):
+      ms, timer, _ = gpu_ms(f, *args, iters=iters)
       out.append(dict(kind="layer", name=name, table=table, ffi_ms=ms,
                       ffi_tflops=flops / ms / 1e9, timer=timer))
       print(f"  {name:14s} [{table:7s}] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
@@ -201,10 +212,8 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
   experts._expert_block.cache_clear()
   fused_k = FfiKernels(fused_gather=True)
   moe_f = lambda x, r, w1, w2: sonic_jax.moe(x, r, w1, w2, top_k=k, backend=fused_k)
-  for name, f, flops in (("layer fwd", moe_f, 6 * t * k * d * n),
-                         ("layer fwd+bwd", jax.grad(lambda *a: jnp.sum(moe_f(*a).astype(f32)),
-                                                    argnums=(0, 1, 2, 3)), 18 * t * k * d * n)):
-    ms, timer, _ = gpu_ms(jax.jit(f), x, router_w, w1, w2, iters=iters)
+  for name, f, args, flops in _layer_rows(moe_f, x, router_w, w1, w2, cot, k):
+    ms, timer, _ = gpu_ms(f, *args, iters=iters)
     out.append(dict(kind="layer", name=name, table="fused_gather", ffi_ms=ms,
                     ffi_tflops=flops / ms / 1e9, timer=timer))
     print(f"  {name:14s} [fused_gather] {ms:8.3f} ms {flops / ms / 1e9:5.0f} TF/s", flush=True)
@@ -234,6 +243,7 @@ def run_fused_epilogue(t, d, n, e, k, iters):
   h = jax.random.normal(ks[5], (plan.capacity, 2 * n), bf)
   s = jax.random.uniform(ks[6], (plan.capacity,), f32, 0.1, 1.0)
   router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
+  cot = jax.random.normal(jax.random.key(1), (t, d), bf)
   out, refs = [], {}
   for vname, kern in EPILOGUE_VARIANTS.items():
     jax.clear_caches()
@@ -244,10 +254,7 @@ def run_fused_epilogue(t, d, n, e, k, iters):
          2 * rows * d * 2 * n),
         ("dh", jax.jit(lambda o, w, hh, ss, pl, b=kern: b.dh(o, w, hh, ss, pl)),
          (dout, w2, h, s, plan), 2 * rows * d * n),
-        ("layer fwd", jax.jit(moe), (x, router_w, w1, w2), 6 * t * k * d * n),
-        ("layer fwd+bwd", jax.jit(jax.grad(lambda *a: jnp.sum(moe(*a).astype(f32)),
-                                           argnums=(0, 1, 2, 3))),
-         (x, router_w, w1, w2), 18 * t * k * d * n),
+        *_layer_rows(moe, x, router_w, w1, w2, cot, k),
     ]
     for name, f, args, flops in cases:
       ms, timer, res = gpu_ms(f, *args, iters=iters)
