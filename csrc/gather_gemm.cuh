@@ -543,6 +543,17 @@ inline int sm_count() {
   return cached_sms > 0 ? cached_sms : 1;
 }
 
+// fn(G<tile schedule>{}) for a gather config (sonic::GemmConfig 4 or 5); false for another. G is
+// a Launcher template of one kind; every gathered and fused-epilogue kind builds both schedules.
+template <template <class> class G, class Fn>
+inline bool dispatch_config(int config, Fn fn) {
+  switch (config) {
+    case 4: fn(G<GatherCoop128x128>{}); return true;
+    case 5: fn(G<GatherCoop128x256>{}); return true;
+    default: return false;
+  }
+}
+
 template <class G>
 struct Launcher {
   using Gemm = G;

@@ -13,27 +13,17 @@ template <class Config>
 using GatherNT = gather::Launcher<gather::GatherGemm<true, float, Config, gather::Epi::kStore>>;
 }  // namespace detail
 using namespace detail;
-using gather::GatherCoop128x128;
-using gather::GatherCoop128x256;
-
-// G = GatherNN (kVarlenMGatherNNBf16: up_proj, x rows gathered, W1_e (K, N), bf16 H) or
-// GatherNT (kVarlenMGatherNTF32: dh, dO rows gathered, W2_e (N, K) used transposed, fp32 dA').
-template <template <class> class G, class Fn>
-static bool dispatch_gather(int config, Fn fn) {
-  switch (config) {
-    case 4: fn(G<GatherCoop128x128>{}); return true;
-    case 5: fn(G<GatherCoop128x256>{}); return true;
-    default: return false;
-  }
-}
+// GatherNN: kVarlenMGatherNNBf16 (up_proj, x rows gathered, W1_e (K, N), bf16 H); GatherNT:
+// kVarlenMGatherNTF32 (dh, dO rows gathered, W2_e (N, K) used transposed, fp32 dA').
+using gather::dispatch_config;
 
 size_t varlen_m_gather_workspace_bytes(bool nt_f32, int config, int num_groups) {
   size_t bytes = 0;
   auto query = [&](auto g) { bytes = g.workspace_bytes(num_groups); };
   if (nt_f32) {
-    dispatch_gather<GatherNT>(config, query);
+    dispatch_config<GatherNT>(config, query);
   } else {
-    dispatch_gather<GatherNN>(config, query);
+    dispatch_config<GatherNN>(config, query);
   }
   return bytes;
 }
@@ -43,8 +33,8 @@ std::string run_varlen_m_gather(bool nt_f32, int config, const GroupedGemmParams
   if (p.gather_idx == nullptr) return "varlen-M gather: no gather indices";
   std::string err;
   auto launch = [&](auto g) { err = g.run(p, stream); };
-  const bool found = nt_f32 ? dispatch_gather<GatherNT>(config, launch)
-                            : dispatch_gather<GatherNN>(config, launch);
+  const bool found = nt_f32 ? dispatch_config<GatherNT>(config, launch)
+                            : dispatch_config<GatherNN>(config, launch);
   if (!found) return unsupported_config("varlen-M gather", config);
   return err;
 }

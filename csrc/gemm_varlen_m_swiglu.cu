@@ -15,24 +15,14 @@ using DSwigluNT =
     gather::Launcher<gather::GatherGemm<true, float, Config, gather::Epi::kDSwiGLU>>;
 }  // namespace detail
 using namespace detail;
-using gather::GatherCoop128x128;
-using gather::GatherCoop128x256;
-
-// G = SwigluNN (kVarlenMGatherSwiGLU) or DSwigluNT (kVarlenMGatherDSwiGLU).
-template <template <class> class G, class Fn>
-static bool dispatch_fused(int config, Fn fn) {
-  switch (config) {
-    case 4: fn(G<GatherCoop128x128>{}); return true;
-    case 5: fn(G<GatherCoop128x256>{}); return true;
-    default: return false;
-  }
-}
+// SwigluNN: kVarlenMGatherSwiGLU; DSwigluNT: kVarlenMGatherDSwiGLU.
+using gather::dispatch_config;
 
 int fused_epilogue_tile_n(GemmKind kind, int config) {
   int tile_n = 0;
   auto query = [&](auto g) { tile_n = decltype(g)::Gemm::kTileN; };
-  if (kind == GemmKind::kVarlenMGatherSwiGLU) dispatch_fused<SwigluNN>(config, query);
-  if (kind == GemmKind::kVarlenMGatherDSwiGLU) dispatch_fused<DSwigluNT>(config, query);
+  if (kind == GemmKind::kVarlenMGatherSwiGLU) dispatch_config<SwigluNN>(config, query);
+  if (kind == GemmKind::kVarlenMGatherDSwiGLU) dispatch_config<DSwigluNT>(config, query);
   return tile_n;
 }
 
@@ -40,9 +30,9 @@ size_t varlen_m_fused_workspace_bytes(bool dswiglu, int config, int num_groups) 
   size_t bytes = 0;
   auto query = [&](auto g) { bytes = g.workspace_bytes(num_groups); };
   if (dswiglu) {
-    dispatch_fused<DSwigluNT>(config, query);
+    dispatch_config<DSwigluNT>(config, query);
   } else {
-    dispatch_fused<SwigluNN>(config, query);
+    dispatch_config<SwigluNN>(config, query);
   }
   return bytes;
 }
@@ -56,8 +46,8 @@ std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams
   if (!dswiglu && p.a_out == nullptr) return "varlen-M SwiGLU: missing the A output";
   std::string err;
   auto launch = [&](auto g) { err = g.run(p, stream); };
-  const bool found = dswiglu ? dispatch_fused<DSwigluNT>(config, launch)
-                             : dispatch_fused<SwigluNN>(config, launch);
+  const bool found = dswiglu ? dispatch_config<DSwigluNT>(config, launch)
+                             : dispatch_config<SwigluNN>(config, launch);
   if (!found) return unsupported_config("varlen-M fused epilogue", config);
   return err;
 }

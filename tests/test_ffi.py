@@ -164,12 +164,12 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       # One switch serves both outputs (templated on the output type).
       ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_F32),
       ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_BF16),
-      # One switch serves both gathered kinds (templated on the kind's launcher).
-      ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NN_BF16),
-      ("gemm_varlen_m_gather.cu", "dispatch_gather(int", GemmKind.VARLEN_M_GATHER_NT_F32),
-      # And one both fused-epilogue kinds.
-      ("gemm_varlen_m_swiglu.cu", "dispatch_fused(int", GemmKind.VARLEN_M_GATHER_SWIGLU),
-      ("gemm_varlen_m_swiglu.cu", "dispatch_fused(int", GemmKind.VARLEN_M_GATHER_DSWIGLU)):
+      # One switch in gather_gemm.cuh serves the gathered and the fused-epilogue kinds
+      # (templated on the kind's launcher).
+      ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_NN_BF16),
+      ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_NT_F32),
+      ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_SWIGLU),
+      ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_DSWIGLU)):
     got = [(int(i), name) for i, name in cases(path, start)]
     want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
     assert got == want, (path, kind, got, want)

@@ -84,7 +84,9 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     # 10.292 ms, dh 4.324 vs 4.923 (benchmarks/results/raw/ffi-fused-h200-2026-12-03-s6/).
     GemmKind.VARLEN_M_GATHER_NN_BF16: GemmConfig.GATHER_COOP_128x256,
     GemmKind.VARLEN_M_GATHER_NT_F32: GemmConfig.GATHER_COOP_128x256,
-    # As for the plain gathered kinds (not swept yet).
+    # The wider tile: up_proj 9.834 vs 11.305 ms, dh 6.395 vs 6.398 (H200, T=32768, d=4096,
+    # n=1024, E=128, K=8; 0.898 vs 1.035 and 0.768 vs 0.750 at the 7B-n256 shape; session 16,
+    # benchmarks/results/ffi-fused-epilogue-h200-2026-12-04-s16.md).
     GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_COOP_128x256,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_COOP_128x256,
 }
