@@ -573,7 +573,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 6; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 7; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown
@@ -584,6 +584,11 @@ __attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(in
   if (config < 0 || config >= static_cast<int>(sonic::GemmConfig::kNumConfigs)) return -1;
   return static_cast<int64_t>(sonic::grouped_gemm_workspace_bytes(
       static_cast<sonic::GemmKind>(kind), config, num_groups));
+}
+
+// 1 when every gathered GEMM instantiation's layout assumptions hold (host only, no GPU).
+__attribute__((visibility("default"))) int sonic_jax_check_layouts() {
+  return sonic::varlen_m_gather_layouts_ok() && sonic::varlen_m_fused_layouts_ok() ? 1 : 0;
 }
 
 // Output columns per tile of a fused-epilogue kind's config (dS_part has ceil(n / this)

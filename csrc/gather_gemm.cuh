@@ -25,13 +25,20 @@
 //             sums dS_part (P, n_tiles) of ⟨dA', A⟩ (reduced over the quad of lanes that share
 //             a row; the caller sums the n_tiles columns: no atomics, deterministic).
 // gather_idx == nullptr reads row p of src (already gathered, e.g. by scatter_rows).
+//
+// Schedules: B_e by cp.async as well (configs 4, 5), or by TMA multicast over a 2 x 1 cluster
+// (config 6, kTmaB: see GatherTmaB128x256C2x1), the A rows always by cp.async.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <cstdlib>
 #include <cub/block/block_scan.cuh>
 
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cutlass/arch/barrier.h"
+#include "cutlass/cuda_host_adapter.hpp"
 #include "cutlass/pipeline/pipeline.hpp"
 #include "grouped_gemm.cuh"
 #include "swiglu_math.cuh"
@@ -41,15 +48,49 @@ namespace gather {
 
 using Bf16 = cutlass::bfloat16_t;
 
-// Tile schedules of the gather kinds (sonic::GemmConfig 4 and 5). Cooperative: the two consumer
+// Tile schedules of the gather kinds (sonic::GemmConfig 4, 5 and 6). Cooperative: the two consumer
 // warpgroups split the M rows of one tile. No setmaxnreg: all 384 threads fit in 168 registers
 // (ptxas: 154-160 for 128x256 with the plain and SwiGLU epilogues; the dSwiGLU one spills 120
 // bytes there), while taking the producer down to 40 spilled.
+// kTmaB = false: the producer copies A and B_e with cp.async, one CTA per tile, no cluster.
+// kTmaB = true: only A (the gathered rows) uses cp.async; B_e comes by TMA, multicast over a
+// 2 x 1 cluster whose two CTAs take neighbouring M blocks of one expert and the same N block, so
+// each CTA reads half of the B tile from L2 (what CUTLASS's TMA GEMM does for the unfused
+// kinds). The cp.async mainloop at 128 x 256 x 64 reads 48 KiB per stage from L2 per CTA, this
+// one 32 KiB, and its producer issues a third of the cp.async instructions.
 struct GatherCoop128x128 {
   using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  static constexpr bool kTmaB = false;
 };
 struct GatherCoop128x256 {
   using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = false;
+};
+struct GatherTmaB128x256C2x1 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = true;
+};
+
+// The CUTLASS collective whose types (TiledMma, swizzled stage layouts, stage count, pipeline)
+// and consumer half (`mma`) the kernel uses: the cp.async one, or the TMA one of a 2 x 1 cluster,
+// whose PipelineTmaAsync releases a stage to both CTAs' producers.
+template <bool kTmaB, class LayoutB, class Tile>
+struct MainloopOf {
+  using type = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
+      cutlass::layout::RowMajor, 8, cutlass::bfloat16_t, LayoutB, 8, float, Tile,
+      cute::Shape<cute::_1, cute::_1, cute::_1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
+};
+template <class LayoutB, class Tile>
+struct MainloopOf<true, LayoutB, Tile> {
+  using type = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
+      cutlass::layout::RowMajor, 8, cutlass::bfloat16_t, LayoutB, 8, float, Tile,
+      cute::Shape<cute::_2, cute::_1, cute::_1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 };
 
 // 16-byte cp.async through L2 only (gathered rows are shared by the CTAs of one M block, not by
@@ -84,17 +125,24 @@ struct GatherGemm {
   using LayoutB = cute::conditional_t<kNT, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   // Only the mainloop's types and its consumer half are used: TiledMma, the swizzled stage
-  // layouts, the stage count and the PipelineAsync the producer below fills.
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor,
-      kChunk, Bf16, LayoutB, kChunk, float, Tile, cute::Shape<cute::_1, cute::_1, cute::_1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
-      cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
+  // layouts, the stage count and the pipeline the producer below fills.
+  static constexpr bool kTmaB = Config::kTmaB;
+  static constexpr int kClusterM = kTmaB ? 2 : 1;  // CTAs sharing one B tile (neighbouring M)
+  using Mainloop = typename MainloopOf<kTmaB, LayoutB, Tile>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipeState = typename Mainloop::PipelineState;
   using SmemLayoutA = typename Mainloop::SmemLayoutA;  // (BM, BK, stages)
   using SmemLayoutB = typename Mainloop::SmemLayoutB;  // (BN, BK, stages)
+  // The epilogues' accumulator layout is the cp.async schedule's (layout_ok checks it for both).
+  using CpAsyncTiledMma = typename MainloopOf<false, LayoutB, Tile>::type::TiledMma;
+  static_assert(cute::is_same_v<TiledMma, CpAsyncTiledMma>,
+                "the TMA schedule must keep the cp.async schedule's accumulator layout");
+  static constexpr int kBStageBytes = kBN * kBK * int(sizeof(Bf16));
+  // TMA boxes of B: 64 bf16 (one 128-byte swizzle row) along the contiguous dimension.
+  static_assert(!kTmaB || (kBK == 64 && kBN % 128 == 0), "TMA B boxes need BK = 64, BN % 128 == 0");
+  static_assert(kBM * kBK * int(sizeof(Bf16)) * Pipeline::Stages % 1024 == 0,
+                "B stages must start 1024-byte aligned (128-byte swizzle)");
 
   static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kMmaThreads = cute::size(TiledMma{});
@@ -112,6 +160,7 @@ struct GatherGemm {
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
   struct Params {
+    cute::TmaDescriptor tma_b;       // kTmaB: B as 2-D rows (make_tma_b), 64-byte aligned
     const Bf16* src;                 // (T, K); (P, K) when gather_idx is null
     const int32_t* gather_idx;       // (P,), or null: row p of src
     const Bf16* b;                   // (E, K, ldb) or (E, N, K)
@@ -131,14 +180,18 @@ struct GatherGemm {
     int n;                           // output columns: N (kStore), n (both SwiGLU epilogues)
     int k, n_tiles;
     int64_t src_rows;                // T: gather indices outside [0, T) read as zero rows
+    int rows_b;                      // kTmaB: rows of B_e in its TMA view (K if NN, N if NT)
   };
 
   // One output tile: rows [row0, row0 + rows) of D (all in expert e), columns [n0, n0 + BN).
+  // rows is 0 for the second CTA of a cluster whose expert has an odd number of M blocks: it
+  // still runs the mainloop (its producer supplies half of the shared B tile) but stores nothing.
   struct TileCoord {
     int e, row0, rows, n0;
   };
 
-  static __device__ TileCoord locate(const Params& p, int tile, int n_tiles) {
+  // `tile` counts (expert, cluster M block, N block) triples; `rank` is the CTA in the cluster.
+  static __device__ TileCoord locate(const Params& p, int tile, int n_tiles, int rank) {
     // The largest e with tile_start[e] <= tile: empty experts share their successor's start, so
     // this is the one non-empty expert whose range holds the tile.
     int lo = 0, hi = p.num_groups;
@@ -148,9 +201,9 @@ struct GatherGemm {
     }
     const int local = tile - __ldg(p.tile_start + lo);
     const int m_blk = local / n_tiles;  // N blocks vary fastest: neighbouring CTAs share A rows
-    const int start = __ldg(p.group_offsets + lo) + m_blk * kBM;
+    const int start = __ldg(p.group_offsets + lo) + (m_blk * kClusterM + rank) * kBM;
     const int end = __ldg(p.group_offsets + lo + 1);
-    return {lo, start, min(kBM, end - start), (local - m_blk * n_tiles) * kTileN};
+    return {lo, start, max(0, min(kBM, end - start)), (local - m_blk * n_tiles) * kTileN};
   }
 
   // Producer-side publication of filled stages. A stage's copies are one cp.async group; it is
@@ -159,6 +212,16 @@ struct GatherGemm {
   // <= stages - 2: the consumers release stage s only after consuming stage s + 1.
   static constexpr int kLag = 1;
   static_assert(Pipeline::Stages >= kLag + 2, "too few stages for the publication lag");
+
+  // One producer thread's arrival on a stage's full barrier. With kTmaB the barrier also waits
+  // for the leader's arrive_and_expect_tx (in producer_acquire) and the B tile's TMA bytes.
+  static __device__ void publish(Pipeline& pipe, PipeState s) {
+    if constexpr (kTmaB) {
+      pipe.producer_commit(s, [](uint64_t* bar) { cutlass::arch::ClusterBarrier::arrive(bar); });
+    } else {
+      pipe.producer_commit(s);
+    }
+  }
 
   struct Publisher {
     PipeState next;   // oldest filled stage not yet published
@@ -169,7 +232,7 @@ struct GatherGemm {
       if (++pending > kLag) {
         cute::cp_async_wait<kLag>();             // this thread's copies of `next` landed
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> WGMMA reads
-        pipe.producer_commit(next);
+        publish(pipe, next);
         ++next;
         --pending;
       }
@@ -178,14 +241,45 @@ struct GatherGemm {
     __device__ void flush(Pipeline& pipe) {
       cute::cp_async_wait<0>();
       cutlass::arch::fence_view_async_shared();
-      for (; pending > 0; --pending, ++next) pipe.producer_commit(next);
+      for (; pending > 0; --pending, ++next) publish(pipe, next);
     }
   };
+
+  // kTmaB, leader thread: this CTA's half of the stage's B tile by TMA, multicast to both CTAs
+  // of the cluster (each CTA's full barrier expects the whole tile). B is a 2-D view with the
+  // experts stacked along its rows (make_tma_b); rows or columns past the tensor read as zeros,
+  // and rows of the next expert met past K (NN) or N (NT) multiply A's zero-filled K residue or
+  // land in accumulator columns that are never stored.
+  static __device__ void load_b_tma(const Params& p, const TileCoord& tc, int k0, Bf16* stage_b,
+                                    uint64_t* full_barrier, int rank) {
+    constexpr uint16_t kBothCtas = 0b11;
+    const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    constexpr int kHalf = kBN / 2;
+    if constexpr (!kNT) {
+      // B_e (K, ldb): boxes of 64 columns x BK rows, one per 64-column block of the stage (the
+      // stage stores each such block as BK rows of 128 bytes). kSwiGLU: CTA 0 brings the gate
+      // columns, CTA 1 the matching up columns n further right.
+      const int row = tc.e * p.rows_b + k0;
+      const int col0 = kEpi == Epi::kSwiGLU ? (rank == 0 ? 0 : p.n) + tc.n0 : tc.n0 + rank * kHalf;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kHalf / 64; ++i) {
+        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, full_barrier, kBothCtas, hint,
+                                               stage_b + (rank * kHalf + i * 64) * kBK,
+                                               col0 + i * 64, row);
+      }
+    } else {
+      // B_e (N, K): one box of BN/2 rows x 64 columns (K-major rows of 128 bytes).
+      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, full_barrier, kBothCtas, hint,
+                                             stage_b + rank * kHalf * kBK, k0,
+                                             tc.e * p.rows_b + tc.n0 + rank * kHalf);
+    }
+  }
 
   // Producer warpgroup: fills one stage per K block, A through gather_idx, B from B_e.
   static __device__ void load_tile(const Params& p, const TileCoord& tc, Pipeline& pipe,
                                    PipeState& state, Publisher& pub,
-                                   typename Mainloop::TensorStorage& smem, int tid, int k_tiles) {
+                                   typename Mainloop::TensorStorage& smem, int tid, int k_tiles,
+                                   int rank) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
@@ -220,7 +314,12 @@ struct GatherGemm {
         const Bf16* g = ok ? a_base + int64_t(a_src[i]) * p.k : p.src;
         cp_async_16(&sA(row_in + i * kARowStep, a_col, stage), g, ok);
       }
-      if constexpr (kNT) {
+      if constexpr (kTmaB) {
+        if (tid == 0) {
+          load_b_tma(p, tc, k0, smem.smem_B.data() + stage * (kBN * kBK),
+                     pipe.producer_get_barrier(state), rank);
+        }
+      } else if constexpr (kNT) {
         // B_e (N, K): K-major rows like A, no gather.
         constexpr int kBIters = kBN / kARowStep;
         CUTLASS_PRAGMA_UNROLL
@@ -446,44 +545,105 @@ struct GatherGemm {
     return true;
   }
 
+  // kTmaB: where the TMA boxes of load_b_tma land must be where SmemLayoutB (which the WGMMA
+  // descriptors follow) puts each (n, k, stage) element, 128-byte swizzle included: TMA's
+  // swizzle XORs the 16-byte chunk index of an address with its 128-byte row index mod 8.
+  static bool tma_b_layout_ok() {
+    using namespace cute;
+    if constexpr (!kTmaB) {
+      return true;
+    } else {
+      constexpr int kStages = Pipeline::Stages;
+      constexpr size_t kElems = size_t(kBN) * kBK * kStages;
+      void* buf = std::aligned_alloc(1024, kElems * sizeof(Bf16));
+      if (buf == nullptr) return false;
+      Bf16* base = static_cast<Bf16*>(buf);
+      Tensor sB = make_tensor(make_smem_ptr(base), SmemLayoutB{});
+      const auto swz = [](int64_t x) { return x ^ (((x >> 6) & 7) << 3); };  // in bf16 elements
+      bool ok = size(sB) == int64_t(kElems);
+      for (int st = 0; ok && st < kStages; ++st) {
+        for (int n = 0; ok && n < kBN; ++n) {
+          for (int k = 0; ok && k < kBK; ++k) {
+            const int64_t in_stage =
+                kNT ? (n / (kBN / 2)) * (kBN / 2) * kBK + swz(k + 64 * (n % (kBN / 2)))
+                    : (n / 64) * 64 * kBK + swz(n % 64 + 64 * k);
+            ok = &sB(n, k, st) - base == int64_t(st) * kBN * kBK + in_stage;
+          }
+        }
+      }
+      std::free(buf);
+      return ok;
+    }
+  }
+
+  static __device__ Pipeline make_pipeline(SharedStorage& smem, int wg) {
+    typename Pipeline::Params pp;
+    pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    if constexpr (kTmaB) {
+      pp.is_leader = threadIdx.x == 0;
+      pp.num_consumers = kMmaThreads;
+      // Every producer thread arrives once its A copies landed, the leader once more with the
+      // expected bytes: both halves of the B tile land in each CTA of the cluster.
+      pp.num_producers = kProducerThreads + 1;
+      pp.transaction_bytes = kBStageBytes;
+      return Pipeline(smem.pipeline, pp, cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>{});
+    } else {
+      pp.producer_arv_count = kProducerThreads;
+      pp.consumer_arv_count = kMmaThreads;
+      return Pipeline(smem.pipeline, pp);
+    }
+  }
+
   static __device__ void run(const Params& p, char* smem_buf) {
     using namespace cute;
     auto& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
     const int wg = cutlass::canonical_warp_group_idx();
 
-    typename Pipeline::Params pp;
-    pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-    pp.producer_arv_count = kProducerThreads;
-    pp.consumer_arv_count = kMmaThreads;
-    Pipeline pipe(smem.pipeline, pp);
-    __syncthreads();  // barrier initialisation visible to every warpgroup
+    Pipeline pipe = make_pipeline(smem, wg);
+    int rank = 0;
+    if constexpr (kTmaB) {
+      rank = static_cast<int>(cute::block_rank_in_cluster());
+      // Both CTAs' barriers initialised before any multicast or remote arrival reaches them.
+      cute::cluster_sync();
+    } else {
+      __syncthreads();  // barrier initialisation visible to every warpgroup
+    }
 
     const int n_tiles = p.n_tiles;
     const int k_tiles = (p.k + kBK - 1) / kBK;
     const int total = __ldg(p.tile_start + p.num_groups);
+    // Both CTAs of a cluster walk the same tiles (they differ in M block only).
+    const int first = blockIdx.x / kClusterM, step = gridDim.x / kClusterM;
 
     if (wg == 0) {
       PipeState state = cutlass::make_producer_start_state<Pipeline>();
       Publisher pub{state};
       const int tid = threadIdx.x;
-      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        load_tile(p, locate(p, tile, n_tiles), pipe, state, pub, smem.tensors, tid, k_tiles);
+      if constexpr (kTmaB) {
+        if (tid == 0) cute::prefetch_tma_descriptor(&p.tma_b);
+      }
+      for (int tile = first; tile < total; tile += step) {
+        load_tile(p, locate(p, tile, n_tiles, rank), pipe, state, pub, smem.tensors, tid, k_tiles,
+                  rank);
       }
       pub.flush(pipe);
-      pipe.producer_tail(state);  // the consumers release every stage before the CTA exits
+      // The consumers (of both CTAs, with kTmaB) release every stage before the CTA exits.
+      pipe.producer_tail(state);
     } else {
       Mainloop mainloop;
       PipeState state;
       const int mma_tid = threadIdx.x - kProducerThreads;
       typename Mainloop::Params unused{};
-      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      for (int tile = first; tile < total; tile += step) {
         auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
-        if constexpr (kEpi == Epi::kDSwiGLU) prefetch_h(p, locate(p, tile, n_tiles), mma_tid);
+        if constexpr (kEpi == Epi::kDSwiGLU) {
+          prefetch_h(p, locate(p, tile, n_tiles, rank), mma_tid);
+        }
         mainloop.mma(pipe, state, acc, k_tiles, mma_tid, smem.tensors, unused);
         mainloop.mma_tail(pipe, state, k_tiles);
         state.advance(k_tiles);
         // Only the epilogue needs the tile's rows: locate it after the mainloop started.
-        const TileCoord tc = locate(p, tile, n_tiles);
+        const TileCoord tc = locate(p, tile, n_tiles, rank);
         if constexpr (kEpi == Epi::kStore) {
           store_tile(p, tc, acc, mma_tid);
         } else if constexpr (kEpi == Epi::kSwiGLU) {
@@ -543,13 +703,14 @@ inline int sm_count() {
   return cached_sms > 0 ? cached_sms : 1;
 }
 
-// fn(G<tile schedule>{}) for a gather config (sonic::GemmConfig 4 or 5); false for another. G is
+// fn(G<tile schedule>{}) for a gather config (sonic::GemmConfig 4, 5 or 6); false for another. G is
 // a Launcher template of one kind; every gathered and fused-epilogue kind builds both schedules.
 template <template <class> class G, class Fn>
 inline bool dispatch_config(int config, Fn fn) {
   switch (config) {
     case 4: fn(G<GatherCoop128x128>{}); return true;
     case 5: fn(G<GatherCoop128x256>{}); return true;
+    case 6: fn(G<GatherTmaB128x256C2x1>{}); return true;
     default: return false;
   }
 }
@@ -567,15 +728,14 @@ struct Launcher {
       return "workspace too small: " + std::to_string(p.workspace_bytes) + " < " +
              std::to_string(workspace_bytes(p.num_groups)) + " bytes";
     }
-    if constexpr (G::kFused) {
-      // Checked once per instantiation: a CUTLASS layout change must not silently mix columns.
-      static const bool layout_checked = G::layout_ok();
-      if (!layout_checked) return "accumulator layout differs from what the fused epilogue needs";
-    }
+    // Checked once per instantiation: a CUTLASS layout change must not silently mix columns.
+    static const bool layout_checked = (!G::kFused || G::layout_ok()) && G::tma_b_layout_ok();
+    if (!layout_checked) return "shared-memory or accumulator layout differs from what it needs";
     auto* tile_start = static_cast<int32_t*>(p.workspace);
     const int n_tiles = (p.n + G::kTileN - 1) / G::kTileN;
-    tile_prefix_kernel<<<1, kScanThreads, 0, stream>>>(p.group_offsets, p.num_groups, G::kBM,
-                                                       n_tiles, tile_start);
+    // With a cluster, one tile index covers kClusterM neighbouring M blocks.
+    tile_prefix_kernel<<<1, kScanThreads, 0, stream>>>(p.group_offsets, p.num_groups,
+                                                       G::kBM * G::kClusterM, n_tiles, tile_start);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return std::string("tile prefix kernel: ") + cudaGetErrorString(err);
 
@@ -602,16 +762,71 @@ struct Launcher {
     const int b_cols = G::kNTLayout ? p.k : (G::kEpilogue == Epi::kSwiGLU ? 2 * p.n : p.n);
     kp.ldb = b_cols;
     kp.b_group_stride = int64_t(p.k) * (G::kNTLayout ? p.n : b_cols);
+    kp.rows_b = G::kNTLayout ? p.n : p.k;
+    if constexpr (G::kTmaB) {
+      std::string tma_err = make_tma_b(p, b_cols, &kp.tma_b);
+      if (!tma_err.empty()) return tma_err;
+    }
 
     auto kernel = gather_gemm_kernel<G>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                G::kSmemBytes);
     if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
-    // Persistent: one CTA per SM (the stages fill shared memory); CTAs past the last tile exit.
-    const int grid = sm_count();
-    kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
+    if constexpr (G::kClusterM == 1) {
+      // Persistent: one CTA per SM (the stages fill shared memory); CTAs past the last tile exit.
+      kernel<<<sm_count(), G::kThreads, G::kSmemBytes, stream>>>(kp);
+    } else {
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = G::kClusterM;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.blockDim = dim3(G::kThreads);
+      cfg.dynamicSmemBytes = G::kSmemBytes;
+      cfg.stream = stream;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      // Persistent: as many clusters as can be resident at once (not every SM pairs up within
+      // its GPC); a cluster that waited for a free pair would run after the others' tiles.
+      // Queried once per device (host work only, no stream operation).
+      int device = 0;
+      cudaGetDevice(&device);
+      static thread_local int cached_device = -1, cached_clusters = 0;
+      if (device != cached_device) {
+        cfg.gridDim = dim3(sm_count());
+        err = cudaOccupancyMaxActiveClusters(&cached_clusters, kernel, &cfg);
+        if (err != cudaSuccess || cached_clusters < 1) {
+          return std::string("cudaOccupancyMaxActiveClusters: ") +
+                 (err != cudaSuccess ? cudaGetErrorString(err) : "no cluster fits");
+        }
+        cached_device = device;
+      }
+      cfg.gridDim = dim3(cached_clusters * G::kClusterM);
+      err = cudaLaunchKernelEx(&cfg, kernel, kp);
+      if (err != cudaSuccess) return std::string("gather GEMM launch: ") + cudaGetErrorString(err);
+    }
     err = cudaGetLastError();
     if (err != cudaSuccess) return std::string("gather GEMM launch: ") + cudaGetErrorString(err);
+    return {};
+  }
+
+  // kTmaB: the TMA descriptor of B with the experts stacked along the rows. NN (B_e (K, ldb),
+  // ldb = N or w1's 2n): E·K rows of ldb columns, boxes of 64 columns x BK rows. NT (B_e (N, K)):
+  // E·N rows of K columns, boxes of 64 columns x BN/2 rows. Rows are 16-byte aligned since
+  // K, N and n are multiples of 8 (validated by the handlers).
+  static std::string make_tma_b(const GroupedGemmParams& p, int ldb, cute::TmaDescriptor* out) {
+    const cuuint64_t cols = G::kNTLayout ? p.k : ldb;
+    const cuuint64_t rows = cuuint64_t(p.num_groups) * (G::kNTLayout ? p.n : p.k);
+    cuuint64_t dims[2] = {cols, rows};
+    cuuint64_t row_bytes[1] = {cols * sizeof(Bf16)};
+    cuuint32_t box[2] = {64, G::kNTLayout ? G::kBN / 2 : G::kBK};
+    cuuint32_t elem_strides[2] = {1, 1};
+    const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
+        out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.b), dims, row_bytes, box,
+        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return "cuTensorMapEncodeTiled for B failed: " + std::to_string(int(r));
     return {};
   }
 };

@@ -32,8 +32,9 @@ enum class GemmKind : int {
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
 // config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K
-// (both outputs) has 0 and 3, the gather kinds have 4 and 5 (cp.async producer, no cluster). The workspace query
-// returns 0 for a pair that is not instantiated.
+// (both outputs) has 0 and 3, the gather kinds have 4 and 5 (cp.async producer, no cluster)
+// and 6 (B_e by TMA over a 2x1 cluster). The workspace query returns 0 for a pair that is not
+// instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
   kCooperative128x256C2x1 = 1,
@@ -41,7 +42,8 @@ enum class GemmConfig : int {
   kCooperative128x256C1x2 = 3,
   kGatherCoop128x128 = 4,
   kGatherCoop128x256 = 5,
-  kNumConfigs = 6,
+  kGatherTmaB128x256C2x1 = 6,  // gather kinds: A by cp.async, B_e by TMA multicast (2x1)
+  kNumConfigs = 7,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.
@@ -107,6 +109,10 @@ size_t varlen_m_gather_workspace_bytes(bool nt_f32, int config, int num_groups);
 std::string run_varlen_m_gather(bool nt_f32, int config, const GroupedGemmParams& p,
                                 cudaStream_t stream);
 size_t varlen_m_fused_workspace_bytes(bool dswiglu, int config, int num_groups);
+// Host checks of every gather instantiation's layout assumptions (accumulator layout of the
+// fused epilogues, TMA boxes against the WGMMA stage layout); no GPU needed.
+bool varlen_m_gather_layouts_ok();
+bool varlen_m_fused_layouts_ok();
 std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams& p,
                                cudaStream_t stream);
 

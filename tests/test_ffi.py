@@ -140,14 +140,15 @@ def test_gemm_kinds_match_the_header():
 
 def test_gemm_configs_match_the_header_and_the_instantiations():
   text = (CSRC / "sonic_ffi.h").read_text()
-  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|GatherCoop)\w+) = (\d+)", text))
+  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|GatherCoop|GatherTmaB)\w+) = (\d+)", text))
   assert {k: int(v) for k, v in enum.items()} == {
       "Pingpong128x128C2x1": GemmConfig.PINGPONG_128x128_C2x1,
       "Cooperative128x256C2x1": GemmConfig.COOPERATIVE_128x256_C2x1,
       "Cooperative256x128C2x1": GemmConfig.COOPERATIVE_256x128_C2x1,
       "Cooperative128x256C1x2": GemmConfig.COOPERATIVE_128x256_C1x2,
       "GatherCoop128x128": GemmConfig.GATHER_COOP_128x128,
-      "GatherCoop128x256": GemmConfig.GATHER_COOP_128x256}
+      "GatherCoop128x256": GemmConfig.GATHER_COOP_128x256,
+      "GatherTmaB128x256C2x1": GemmConfig.GATHER_TMA_B_128x256_C2x1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
@@ -311,6 +312,32 @@ def test_ffi_kernels_fused_epilogue_switch():
                      ("up_proj", ("up_proj",))):
     kern = FfiKernels(fused_epilogue=mode)
     assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e)) == want, mode
+
+
+def test_ffi_kernels_gather_b_switch():
+  assert FfiKernels().gather_b == "cp_async"  # the TMA-B schedule has not run on a GPU yet
+  assert FfiKernels(gather_b="tma") != FfiKernels()
+  assert len({FfiKernels(gather_b="tma"), FfiKernels(gather_b="tma"), FfiKernels()}) == 2
+  assert "gather_b='tma'" in repr(FfiKernels(gather_b="tma"))
+  assert FfiKernels()._gather_config() is None
+  assert (FfiKernels(gather_b="tma")._gather_config() ==
+          GemmConfig.GATHER_TMA_B_128x256_C2x1)
+  with pytest.raises(ValueError, match="gather_b must be one of"):
+    FfiKernels(gather_b="cp.async")
+
+
+def test_tma_b_schedule_is_built_for_every_in_gemm_gather_kind():
+  for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
+    assert GemmConfig.GATHER_TMA_B_128x256_C2x1 in schedules.INSTANTIATED[kind]
+
+
+@pytest.mark.skipif(_lib.find_library() is None, reason="libsonic_jax_cuda.so is not built")
+def test_built_library_layout_checks_pass():
+  """Host code of the library (no GPU): the fused epilogues' accumulator layout and, for the
+  TMA-B schedule, where each TMA box lands against the WGMMA stage layout (swizzle included)."""
+  if _lib.library_error() is not None:
+    pytest.skip(_lib.library_error())
+  assert _lib.layouts_ok()
 
 
 def test_ffi_kernels_dswiglu_switch():
@@ -486,7 +513,9 @@ def test_backward_entry_points_match_xla(routing, data):
 _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused_gather=True),
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
                    "fused_dh": FfiKernels(fused_epilogue="dh"),
-                   "dswiglu_warp": FfiKernels(dswiglu="warp")}
+                   "dswiglu_warp": FfiKernels(dswiglu="warp"),
+                   "fused_gather_tma_b": FfiKernels(fused_gather=True, gather_b="tma"),
+                   "fused_epilogue_tma_b": FfiKernels(fused_epilogue=True, gather_b="tma")}
 
 
 @pytest.mark.gpu

@@ -11,8 +11,9 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``pallas::row_gather=jax_triton``.
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
-``fused-gather``, ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>`` and
-``dswiglu=<block|warp>``, e.g. ``ffi:dw1-last`` or ``ffi:fused_epilogue=dh``.
+``fused-gather``, ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
+``dswiglu=<block|warp>`` and ``gather_b=<cp_async|tma>``, e.g. ``ffi:dw1-last`` or
+``ffi:fused_epilogue=dh:gather_b=tma``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _base_configs(kern, d: int, n: int) -> dict:
 
 
 FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>",
-               "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>")
+               "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
+               "gather_b=<cp_async|tma>")
 
 
 def _ffi_kernels(spec: str):
@@ -64,6 +66,8 @@ def _ffi_kernels(spec: str):
       kw["fused_epilogue"] = o.split("=", 1)[1]
     elif o.startswith("dswiglu="):
       kw["dswiglu"] = o.split("=", 1)[1]
+    elif o.startswith("gather_b="):
+      kw["gather_b"] = o.split("=", 1)[1]
     elif o:
       raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
                        f"{', '.join(FFI_OPTIONS)}")

@@ -25,7 +25,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 
 def _search_dirs() -> list[pathlib.Path]:
@@ -71,6 +71,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
   lib.sonic_jax_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
   lib.sonic_jax_fused_tile_n.restype = ctypes.c_int
   lib.sonic_jax_fused_tile_n.argtypes = [ctypes.c_int, ctypes.c_int]
+  lib.sonic_jax_check_layouts.restype = ctypes.c_int
+  lib.sonic_jax_check_layouts.argtypes = []
   lib.sonic_jax_handler_calls.restype = ctypes.c_int64
   lib.sonic_jax_handler_calls.argtypes = [ctypes.c_int]
   return lib, None
@@ -111,6 +113,15 @@ def fused_tile_n(kind: int, config: int) -> int:
   if n <= 0:
     raise ValueError(f"GEMM kind {kind} has no fused-epilogue config {config} in {find_library()}")
   return int(n)
+
+
+def layouts_ok() -> bool:
+  """Whether every gathered GEMM's layout assumptions hold (the fused epilogues' accumulator
+  layout, the TMA boxes of B against the WGMMA stage layout). Host code only: no GPU needed."""
+  lib, err = _load()
+  if err is not None:
+    raise RuntimeError(err)
+  return bool(lib.sonic_jax_check_layouts())
 
 
 def handler_calls() -> tuple[int, int]:

@@ -36,6 +36,9 @@ from sonic_jax.routing import RoutingPlan
 _INT32_MAX = 2**31 - 1
 
 FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
+# How the kernels that gather rows in the GEMM (fused_gather, fused_epilogue) load B_e: with
+# cp.async like the rows, or by TMA multicast over a 2 x 1 cluster (GemmConfig 6).
+GATHER_B = ("cp_async", "tma")
 
 
 class FfiKernels(ExpertKernels):
@@ -50,6 +53,9 @@ class FfiKernels(ExpertKernels):
   dswiglu: the separate dSwiGLU kernel, "block" (a 256-thread block per row, the default) or
   "warp" (a warp per row; written in session 16 for n <= 256, where the block version leaves
   3/4 of its threads idle; not yet run on a GPU).
+  gather_b: how the kernels that gather rows inside the GEMM (``fused_gather``,
+  ``fused_epilogue``) load the weights: "cp_async" (default) or "tma" (TMA multicast over a
+  2 x 1 cluster, half the weight bytes from L2 per CTA; session 17, not yet run on a GPU).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -62,12 +68,14 @@ class FfiKernels(ExpertKernels):
 
   def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
-               dswiglu: str = "block"):
+               dswiglu: str = "block", gather_b: str = "cp_async"):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
       raise ValueError(f"fused_epilogue must be a bool or one of {FUSED_EPILOGUES}, got "
                        f"{fused_epilogue!r}")
+    if gather_b not in GATHER_B:
+      raise ValueError(f"gather_b must be one of {GATHER_B}, got {gather_b!r}")
     if dswiglu not in ("block", "warp"):
       raise ValueError(f"dswiglu must be 'block' or 'warp', got {dswiglu!r}")
     for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last)):
@@ -80,10 +88,11 @@ class FfiKernels(ExpertKernels):
     self.dw1_last = dw1_last
     self.fused_epilogue = fused_epilogue
     self.dswiglu = dswiglu
+    self.gather_b = gather_b
 
   def _key(self):
     return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
-            self.dswiglu)
+            self.dswiglu, self.gather_b)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -96,7 +105,7 @@ class FfiKernels(ExpertKernels):
   def __repr__(self):
     return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
-            f"dswiglu={self.dswiglu!r})")
+            f"dswiglu={self.dswiglu!r}, gather_b={self.gather_b!r})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -126,8 +135,13 @@ class FfiKernels(ExpertKernels):
     (``fused_kind``) with ``fused_gather``, else gather_rows then the ``kind`` GEMM."""
     offs = plan.group_offsets
     if self.fused_gather:
-      return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind)
+      return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind,
+                                       config=self._gather_config())
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
+
+  def _gather_config(self) -> ops.GemmConfig | None:
+    """Schedule of the in-GEMM gather kernels: None (the kind's default) or the TMA-B one."""
+    return ops.GemmConfig.GATHER_TMA_B_128x256_C2x1 if self.gather_b == "tma" else None
 
   def _fuses(self, entry: str) -> bool:
     """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel."""
@@ -138,7 +152,7 @@ class FfiKernels(ExpertKernels):
     # copy in all four measured cases (H200, session 16; docs/ffi.md).
     if self._fuses("up_proj"):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
-                                write_h=not inference)
+                                write_h=not inference, config=self._gather_config())
     h = self._gathered_gemm(x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
                             GemmKind.VARLEN_M_GATHER_NN_BF16)
     a = ops.swiglu_from_h(h, plan.group_offsets)
@@ -153,7 +167,8 @@ class FfiKernels(ExpertKernels):
 
   def dh(self, dout, w2, h, scores_grouped, plan):
     if self._fuses("dh"):
-      return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets)
+      return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets,
+                            config=self._gather_config())
     da = self._gathered_gemm(dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
                              GemmKind.VARLEN_M_GATHER_NT_F32)
     return ops.dswiglu(da, h, scores_grouped, plan.group_offsets,

@@ -45,6 +45,10 @@ class GemmConfig(enum.IntEnum):
   # Gather kinds only: cp.async producer warpgroup, two consumer warpgroups, no cluster.
   GATHER_COOP_128x128 = 4
   GATHER_COOP_128x256 = 5
+  # Gather kinds only: the A rows by cp.async, B_e by TMA multicast over a 2 x 1 cluster whose
+  # CTAs take neighbouring M blocks of one expert (half the B bytes from L2 per CTA). Session 17:
+  # compiled and layout-checked on the CPU, not yet run on a GPU.
+  GATHER_TMA_B_128x256_C2x1 = 6
   # The fused-epilogue kinds use the gather configs too. With SwiGLU a 128 x 256 tile holds 128
   # gate and 128 up columns (128 columns of A); with dSwiGLU 256 columns of dA'.
 
@@ -52,7 +56,8 @@ class GemmConfig(enum.IntEnum):
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
               GemmConfig.COOPERATIVE_256x128_C2x1)
 
-_GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256)
+_GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
+                   GemmConfig.GATHER_TMA_B_128x256_C2x1)
 
 # The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
