@@ -5,12 +5,14 @@
 Needs nvcc >= 12.3 (sm_90a), CMake >= 3.24, jax (for the XLA FFI headers) and the CUTLASS 4.2
 headers: the ``nvidia-cutlass==4.2.0.0`` wheel (``pip install --no-deps nvidia-cutlass==4.2.0.0``)
 or --cutlass-include / $CUTLASS_INCLUDE_DIR pointing at its ``cutlass_library/source/include``.
-``--check`` compiles and links only (CI compile check), without copying the library.
+``--check`` compiles and links only (CI compile check), without copying the library. Either way
+the built library's host-side layout checks run (no GPU needed) and a failure fails the build.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import pathlib
 import shutil
@@ -55,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
   if not built.is_file():
     print(f"error: {built} was not produced", file=sys.stderr)
     return 1
+  # Host code only (no GPU): every gathered GEMM's layout assumptions (the fused epilogues'
+  # accumulator layout, the TMA boxes of the weights against the WGMMA stage layout).
+  if not ctypes.CDLL(str(built)).sonic_jax_check_layouts():
+    print(f"error: {built}: a gathered GEMM's layout check failed (csrc/gather_gemm.cuh)",
+          file=sys.stderr)
+    return 1
+  print("layout checks passed")
   if not args.check:
     shutil.copy2(built, _PKG_DIR / LIBRARY_NAME)
     print(f"installed {_PKG_DIR / LIBRARY_NAME}")
