@@ -470,8 +470,8 @@ def test_bench_variants_parse_ffi_options():
   assert kernels_for("ffi:fused-gather").fused_gather
   assert kernels_for("ffi:fused_epilogue=dh") == FfiKernels(fused_epilogue="dh")
   assert kernels_for("ffi:dswiglu=warp").dswiglu == "warp"
-  assert kernels_for("ffi:fused_epilogue=dh:gather_b=tma") == FfiKernels(fused_epilogue="dh",
-                                                                         gather_b="tma")
+  assert kernels_for("ffi:fused_epilogue=dh:gather_schedule=tma_b") == FfiKernels(
+      fused_epilogue="dh", gather_schedule="tma_b")
   with pytest.raises(SystemExit, match="dswiglu must be 'block' or 'warp'"):
     kernels_for("ffi:dswiglu=grid")
   with pytest.raises(SystemExit, match="unknown variant 'ffi:nope'"):

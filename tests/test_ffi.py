@@ -140,7 +140,7 @@ def test_gemm_kinds_match_the_header():
 
 def test_gemm_configs_match_the_header_and_the_instantiations():
   text = (CSRC / "sonic_ffi.h").read_text()
-  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|GatherCoop|GatherTmaB)\w+) = (\d+)", text))
+  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|Gather)\w+) = (\d+)", text))
   assert {k: int(v) for k, v in enum.items()} == {
       "Pingpong128x128C2x1": GemmConfig.PINGPONG_128x128_C2x1,
       "Cooperative128x256C2x1": GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -148,7 +148,8 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "Cooperative128x256C1x2": GemmConfig.COOPERATIVE_128x256_C1x2,
       "GatherCoop128x128": GemmConfig.GATHER_COOP_128x128,
       "GatherCoop128x256": GemmConfig.GATHER_COOP_128x256,
-      "GatherTmaB128x256C2x1": GemmConfig.GATHER_TMA_B_128x256_C2x1}
+      "GatherTmaB128x256C2x1": GemmConfig.GATHER_TMA_B_128x256_C2x1,
+      "GatherNoinc128x256": GemmConfig.GATHER_NOINC_128x256}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
@@ -314,21 +315,25 @@ def test_ffi_kernels_fused_epilogue_switch():
     assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e)) == want, mode
 
 
-def test_ffi_kernels_gather_b_switch():
-  assert FfiKernels().gather_b == "cp_async"  # the TMA-B schedule has not run on a GPU yet
-  assert FfiKernels(gather_b="tma") != FfiKernels()
-  assert len({FfiKernels(gather_b="tma"), FfiKernels(gather_b="tma"), FfiKernels()}) == 2
-  assert "gather_b='tma'" in repr(FfiKernels(gather_b="tma"))
+def test_ffi_kernels_gather_schedule_switch():
+  # The session-17 schedules have not run on a GPU yet.
+  assert FfiKernels().gather_schedule == "default"
+  assert FfiKernels(gather_schedule="tma_b") != FfiKernels()
+  assert len({FfiKernels(gather_schedule="tma_b"), FfiKernels(gather_schedule="tma_b"),
+              FfiKernels(gather_schedule="noinc"), FfiKernels()}) == 3
+  assert "gather_schedule='tma_b'" in repr(FfiKernels(gather_schedule="tma_b"))
   assert FfiKernels()._gather_config() is None
-  assert (FfiKernels(gather_b="tma")._gather_config() ==
+  assert (FfiKernels(gather_schedule="tma_b")._gather_config() ==
           GemmConfig.GATHER_TMA_B_128x256_C2x1)
-  with pytest.raises(ValueError, match="gather_b must be one of"):
-    FfiKernels(gather_b="cp.async")
+  assert FfiKernels(gather_schedule="noinc")._gather_config() == GemmConfig.GATHER_NOINC_128x256
+  with pytest.raises(ValueError, match="gather_schedule must be one of"):
+    FfiKernels(gather_schedule="tma")
 
 
-def test_tma_b_schedule_is_built_for_every_in_gemm_gather_kind():
+def test_session17_schedules_are_built_for_every_in_gemm_gather_kind():
   for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
     assert GemmConfig.GATHER_TMA_B_128x256_C2x1 in schedules.INSTANTIATED[kind]
+    assert GemmConfig.GATHER_NOINC_128x256 in schedules.INSTANTIATED[kind]
 
 
 @pytest.mark.skipif(_lib.find_library() is None, reason="libsonic_jax_cuda.so is not built")
@@ -514,8 +519,12 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
                    "fused_dh": FfiKernels(fused_epilogue="dh"),
                    "dswiglu_warp": FfiKernels(dswiglu="warp"),
-                   "fused_gather_tma_b": FfiKernels(fused_gather=True, gather_b="tma"),
-                   "fused_epilogue_tma_b": FfiKernels(fused_epilogue=True, gather_b="tma")}
+                   "fused_gather_noinc": FfiKernels(fused_gather=True, gather_schedule="noinc"),
+                   "fused_gather_tma_b": FfiKernels(fused_gather=True, gather_schedule="tma_b"),
+                   "fused_epilogue_noinc": FfiKernels(fused_epilogue=True,
+                                                      gather_schedule="noinc"),
+                   "fused_epilogue_tma_b": FfiKernels(fused_epilogue=True,
+                                                      gather_schedule="tma_b")}
 
 
 @pytest.mark.gpu

@@ -12,8 +12,8 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
 ``fused-gather``, ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
-``dswiglu=<block|warp>`` and ``gather_b=<cp_async|tma>``, e.g. ``ffi:dw1-last`` or
-``ffi:fused_epilogue=dh:gather_b=tma``.
+``dswiglu=<block|warp>`` and ``gather_schedule=<default|noinc|tma_b>``, e.g. ``ffi:dw1-last``
+or ``ffi:fused_epilogue=dh:gather_schedule=tma_b``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _base_configs(kern, d: int, n: int) -> dict:
 
 FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
-               "gather_b=<cp_async|tma>")
+               "gather_schedule=<default|noinc|tma_b>")
 
 
 def _ffi_kernels(spec: str):
@@ -66,8 +66,8 @@ def _ffi_kernels(spec: str):
       kw["fused_epilogue"] = o.split("=", 1)[1]
     elif o.startswith("dswiglu="):
       kw["dswiglu"] = o.split("=", 1)[1]
-    elif o.startswith("gather_b="):
-      kw["gather_b"] = o.split("=", 1)[1]
+    elif o.startswith("gather_schedule="):
+      kw["gather_schedule"] = o.split("=", 1)[1]
     elif o:
       raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
                        f"{', '.join(FFI_OPTIONS)}")

@@ -36,9 +36,11 @@ from sonic_jax.routing import RoutingPlan
 _INT32_MAX = 2**31 - 1
 
 FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
-# How the kernels that gather rows in the GEMM (fused_gather, fused_epilogue) load B_e: with
-# cp.async like the rows, or by TMA multicast over a 2 x 1 cluster (GemmConfig 6).
-GATHER_B = ("cp_async", "tma")
+# Schedule of the kernels that gather rows inside the GEMM (fused_gather, fused_epilogue):
+# "default" (the kind's default, GATHER_COOP_128x256: weights by cp.async, stages published after
+# the producer's own wait), "noinc" (GATHER_NOINC_128x256: published by noinc mbarrier arrivals)
+# or "tma_b" (GATHER_TMA_B_128x256_C2x1: also the weights by TMA multicast over a 2 x 1 cluster).
+GATHER_SCHEDULES = ("default", "noinc", "tma_b")
 
 
 class FfiKernels(ExpertKernels):
@@ -53,9 +55,11 @@ class FfiKernels(ExpertKernels):
   dswiglu: the separate dSwiGLU kernel, "block" (a 256-thread block per row, the default) or
   "warp" (a warp per row; written in session 16 for n <= 256, where the block version leaves
   3/4 of its threads idle; not yet run on a GPU).
-  gather_b: how the kernels that gather rows inside the GEMM (``fused_gather``,
-  ``fused_epilogue``) load the weights: "cp_async" (default) or "tma" (TMA multicast over a
-  2 x 1 cluster, half the weight bytes from L2 per CTA; session 17, not yet run on a GPU).
+  gather_schedule: the schedule of the kernels that gather rows inside the GEMM (``fused_gather``,
+  ``fused_epilogue``), one of GATHER_SCHEDULES: "default", "noinc" (producer never waits for its
+  own copies) or "tma_b" (noinc, and the weights by TMA multicast over a 2 x 1 cluster: half
+  the weight bytes from L2 per CTA). "noinc" and "tma_b" were written in session 17 and have
+  not run on a GPU yet.
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -68,14 +72,15 @@ class FfiKernels(ExpertKernels):
 
   def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
-               dswiglu: str = "block", gather_b: str = "cp_async"):
+               dswiglu: str = "block", gather_schedule: str = "default"):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
       raise ValueError(f"fused_epilogue must be a bool or one of {FUSED_EPILOGUES}, got "
                        f"{fused_epilogue!r}")
-    if gather_b not in GATHER_B:
-      raise ValueError(f"gather_b must be one of {GATHER_B}, got {gather_b!r}")
+    if gather_schedule not in GATHER_SCHEDULES:
+      raise ValueError(f"gather_schedule must be one of {GATHER_SCHEDULES}, got "
+                       f"{gather_schedule!r}")
     if dswiglu not in ("block", "warp"):
       raise ValueError(f"dswiglu must be 'block' or 'warp', got {dswiglu!r}")
     for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last)):
@@ -88,11 +93,11 @@ class FfiKernels(ExpertKernels):
     self.dw1_last = dw1_last
     self.fused_epilogue = fused_epilogue
     self.dswiglu = dswiglu
-    self.gather_b = gather_b
+    self.gather_schedule = gather_schedule
 
   def _key(self):
     return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
-            self.dswiglu, self.gather_b)
+            self.dswiglu, self.gather_schedule)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -105,7 +110,7 @@ class FfiKernels(ExpertKernels):
   def __repr__(self):
     return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
-            f"dswiglu={self.dswiglu!r}, gather_b={self.gather_b!r})")
+            f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -140,8 +145,9 @@ class FfiKernels(ExpertKernels):
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
 
   def _gather_config(self) -> ops.GemmConfig | None:
-    """Schedule of the in-GEMM gather kernels: None (the kind's default) or the TMA-B one."""
-    return ops.GemmConfig.GATHER_TMA_B_128x256_C2x1 if self.gather_b == "tma" else None
+    """Config of the in-GEMM gather kernels (None: the kind's default)."""
+    return {"default": None, "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
+            "tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1}[self.gather_schedule]
 
   def _fuses(self, entry: str) -> bool:
     """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel."""

@@ -45,10 +45,13 @@ class GemmConfig(enum.IntEnum):
   # Gather kinds only: cp.async producer warpgroup, two consumer warpgroups, no cluster.
   GATHER_COOP_128x128 = 4
   GATHER_COOP_128x256 = 5
-  # Gather kinds only: the A rows by cp.async, B_e by TMA multicast over a 2 x 1 cluster whose
-  # CTAs take neighbouring M blocks of one expert (half the B bytes from L2 per CTA). Session 17:
-  # compiled and layout-checked on the CPU, not yet run on a GPU.
+  # Gather kinds only, session 17 (compiled and layout-checked on the CPU, not yet run on a GPU):
+  # the A rows by cp.async published with noinc mbarrier arrivals (the producer never waits for
+  # its own copies), B_e by TMA multicast over a 2 x 1 cluster whose CTAs take neighbouring M
+  # blocks of one expert (half the B bytes from L2 per CTA) ...
   GATHER_TMA_B_128x256_C2x1 = 6
+  # ... or B_e by cp.async too (the noinc publication alone).
+  GATHER_NOINC_128x256 = 7
   # The fused-epilogue kinds use the gather configs too. With SwiGLU a 128 x 256 tile holds 128
   # gate and 128 up columns (128 columns of A); with dSwiGLU 256 columns of dA'.
 
@@ -57,7 +60,7 @@ _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C
               GemmConfig.COOPERATIVE_256x128_C2x1)
 
 _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
-                   GemmConfig.GATHER_TMA_B_128x256_C2x1)
+                   GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256)
 
 # The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {

@@ -12,12 +12,13 @@ and with the fastest schedule of each GEMM (--layer-only: the layer with the tab
 is; the forward+backward row is the layer benchmark's whole training step, output and
 gradients). The opt-in fused gather (``FfiKernels(fused_gather=True)``, GitHub issue #5): the gathered
 up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA grouped GEMM
-(checked against it), and the layer with fused_gather=True and each ``gather_b`` (the weights
-by cp.async or by TMA multicast; also with --layer-only).
+(checked against it), and the layer with fused_gather=True under each ``gather_schedule``
+(also with --layer-only).
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU separate or in
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
-gather_b="tma"), each checked against the first, and each schedule of the two fused kernels.
+gather_schedule "noinc" and "tma_b"), each checked against the first, and each schedule of the
+two fused kernels.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
@@ -37,7 +38,7 @@ from sonic_jax import experts
 from sonic_jax.bench.runner import fwdbwd_step
 from sonic_jax.bench.timing import compile_and_time
 from sonic_jax.ffi import ops, schedules
-from sonic_jax.ffi.backend import GATHER_B, FfiKernels
+from sonic_jax.ffi.backend import GATHER_SCHEDULES, FfiKernels
 from sonic_jax.ffi.schedules import GemmKind
 from sonic_jax.routing import route_logits
 
@@ -209,11 +210,11 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
   schedules.MEASURED.clear()
   schedules.MEASURED.update(saved)
   # The layer with the fused gather (opt-in) under the table as it is, with either B path.
-  for gather_b in GATHER_B:
+  for sched in GATHER_SCHEDULES:
     jax.clear_caches()
     experts._expert_block.cache_clear()
-    fused_k = FfiKernels(fused_gather=True, gather_b=gather_b)
-    table = f"fused_gather gather_b={gather_b}"
+    fused_k = FfiKernels(fused_gather=True, gather_schedule=sched)
+    table = f"fused_gather {sched}"
     moe_f = lambda x, r, w1, w2, b=fused_k: sonic_jax.moe(x, r, w1, w2, top_k=k, backend=b)
     for name, f, args, flops in _layer_rows(moe_f, x, router_w, w1, w2, cot, k):
       ms, timer, _ = gpu_ms(f, *args, iters=iters)
@@ -229,8 +230,10 @@ EPILOGUE_VARIANTS = {
     "separate": FfiKernels(fused_epilogue="none"),
     "fused dh": FfiKernels(fused_epilogue="dh"),
     "fused both": FfiKernels(fused_epilogue="both"),
-    "fused dh, TMA B": FfiKernels(fused_epilogue="dh", gather_b="tma"),
-    "fused both, TMA B": FfiKernels(fused_epilogue="both", gather_b="tma"),
+    "fused dh, noinc": FfiKernels(fused_epilogue="dh", gather_schedule="noinc"),
+    "fused both, noinc": FfiKernels(fused_epilogue="both", gather_schedule="noinc"),
+    "fused dh, TMA B": FfiKernels(fused_epilogue="dh", gather_schedule="tma_b"),
+    "fused both, TMA B": FfiKernels(fused_epilogue="both", gather_schedule="tma_b"),
 }
 
 
