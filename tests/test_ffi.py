@@ -345,6 +345,17 @@ def test_built_library_layout_checks_pass():
   assert _lib.layouts_ok()
 
 
+def test_sweep_epilogue_variants():
+  from sonic_jax.ffi import sweep
+  names = list(sweep.EPILOGUE_VARIANTS)
+  assert names[0] == "separate" and sweep.EPILOGUE_VARIANTS["separate"] == FfiKernels()
+  assert sweep.EPILOGUE_VARIANTS["both:tma_b"] == FfiKernels(fused_epilogue="both",
+                                                             gather_schedule="tma_b")
+  assert {"dh:noinc", "both:noinc", "dh:tma_b"} <= set(names)
+  with pytest.raises(SystemExit):  # argparse: not one of the choices
+    sweep.main(["--fused-epilogue-only", "--epilogue-variants", "separate"])
+
+
 def test_ffi_kernels_dswiglu_switch():
   assert FfiKernels().dswiglu == "block"  # the warp kernel has not run on a GPU yet
   assert FfiKernels(dswiglu="warp") != FfiKernels()

@@ -17,8 +17,8 @@ up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU separate or in
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
-gather_schedule "noinc" and "tma_b"), each checked against the first, and each schedule of the
-two fused kernels.
+gather_schedule "noinc" and "tma_b"; --epilogue-variants picks some), each checked against the
+separate one, and each schedule of the two fused kernels.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
@@ -226,19 +226,20 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
   return out, picks
 
 
+# name -> backend; "separate" (the reference of the others) always runs first.
 EPILOGUE_VARIANTS = {
     "separate": FfiKernels(fused_epilogue="none"),
-    "fused dh": FfiKernels(fused_epilogue="dh"),
-    "fused both": FfiKernels(fused_epilogue="both"),
-    "fused dh, noinc": FfiKernels(fused_epilogue="dh", gather_schedule="noinc"),
-    "fused both, noinc": FfiKernels(fused_epilogue="both", gather_schedule="noinc"),
-    "fused dh, TMA B": FfiKernels(fused_epilogue="dh", gather_schedule="tma_b"),
-    "fused both, TMA B": FfiKernels(fused_epilogue="both", gather_schedule="tma_b"),
+    "dh": FfiKernels(fused_epilogue="dh"),
+    "both": FfiKernels(fused_epilogue="both"),
+    **{f"{fused}:{sched}": FfiKernels(fused_epilogue=fused, gather_schedule=sched)
+       for sched in GATHER_SCHEDULES[1:] for fused in ("dh", "both")},
 }
 
 
-def run_fused_epilogue(t, d, n, e, k, iters):
-  """up_proj, dh and the layer under each of EPILOGUE_VARIANTS (checked against the first)."""
+def run_fused_epilogue(t, d, n, e, k, iters, variants=None):
+  """up_proj, dh and the layer under EPILOGUE_VARIANTS (those named in ``variants``, default
+  all), each checked against "separate"."""
+  variants = list(EPILOGUE_VARIANTS) if variants is None else ["separate", *variants]
   ks = jax.random.split(jax.random.key(0), 8)
   plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
   rows = int(plan.group_offsets[-1])
@@ -253,7 +254,8 @@ def run_fused_epilogue(t, d, n, e, k, iters):
   router_w = (jax.random.normal(ks[7], (d, e)) / np.sqrt(d)).astype(bf)
   cot = jax.random.normal(jax.random.key(1), (t, d), bf)
   out, refs = [], {}
-  for vname, kern in EPILOGUE_VARIANTS.items():
+  for vname in dict.fromkeys(variants):
+    kern = EPILOGUE_VARIANTS[vname]
     jax.clear_caches()
     experts._expert_block.cache_clear()
     moe = lambda x, r, w1, w2, b=kern: sonic_jax.moe(x, r, w1, w2, top_k=k, backend=b)
@@ -308,6 +310,9 @@ def main(argv=None):
   ap.add_argument("--fused-epilogue-only", action="store_true",
                   help="only up_proj, dh and the layer with the SwiGLU / dSwiGLU epilogues "
                        "separate and fused (FfiKernels(fused_epilogue=...))")
+  ap.add_argument("--epilogue-variants", nargs="+", choices=list(EPILOGUE_VARIANTS)[1:],
+                  default=None, help="with --fused-epilogue-only: the fused variants to time "
+                                     "besides 'separate' (default: all)")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   report = dict(device=dev.device_kind, jax=jax.__version__, iters=args.iters, results=[])
@@ -315,7 +320,7 @@ def main(argv=None):
     t, d, n, e, k = map(int, cfg.split(","))
     print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
     if args.fused_epilogue_only:
-      rows, picks = run_fused_epilogue(t, d, n, e, k, args.iters)
+      rows, picks = run_fused_epilogue(t, d, n, e, k, args.iters, args.epilogue_variants)
     else:
       rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
                                fused_only=args.fused_gather_only)
