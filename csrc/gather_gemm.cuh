@@ -774,6 +774,21 @@ inline bool dispatch_config(int config, Fn fn) {
   }
 }
 
+// Host check of every schedule's layout assumptions (the fused epilogues' accumulator layout,
+// the TMA boxes of kTmaB) for the kinds whose Launcher templates are Gs.
+template <template <class> class... Gs>
+inline bool all_layouts_ok() {
+  bool ok = true;
+  auto check = [&](auto g) {
+    using Gemm = typename decltype(g)::Gemm;
+    ok = ok && Gemm::tma_b_layout_ok() && (!Gemm::kFused || Gemm::layout_ok());
+  };
+  for (int config = 0; config < static_cast<int>(GemmConfig::kNumConfigs); ++config) {
+    (dispatch_config<Gs>(config, check), ...);
+  }
+  return ok;
+}
+
 template <class G>
 struct Launcher {
   using Gemm = G;

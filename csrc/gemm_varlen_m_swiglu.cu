@@ -52,17 +52,6 @@ std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams
   return err;
 }
 
-bool varlen_m_fused_layouts_ok() {
-  bool ok = true;
-  auto check = [&](auto g) {
-    using Gemm = typename decltype(g)::Gemm;
-    ok = ok && Gemm::tma_b_layout_ok() && (!Gemm::kFused || Gemm::layout_ok());
-  };
-  for (int config = 0; config < static_cast<int>(GemmConfig::kNumConfigs); ++config) {
-    dispatch_config<SwigluNN>(config, check);
-    dispatch_config<DSwigluNT>(config, check);
-  }
-  return ok;
-}
+bool varlen_m_fused_layouts_ok() { return gather::all_layouts_ok<SwigluNN, DSwigluNT>(); }
 
 }  // namespace sonic

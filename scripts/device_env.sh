@@ -89,3 +89,14 @@ layer_bench() {
     BENCH_ARGS="--configs $* --backends ${BACKENDS:-pallas} --baselines ${BASELINES:-none} --warmup 1 --iters 5 --no-check --no-plots --tag $tag" \
     bash benchmarks/run_h200.sh 2>&1 | tail -n 22
 }
+
+# ffi_sweep SECONDS NAME GREP ARGS...: python -m sonic_jax.ffi.sweep ARGS, JSON in $OUT/NAME.json,
+# log in $OUT/NAME.log; prints the log lines matching GREP (and errors).
+ffi_sweep() {
+  local secs=$1 name=$2 pattern=$3
+  shift 3
+  echo "== [$(since) s] ffi sweep $name"
+  timeout "$secs" $PY -m sonic_jax.ffi.sweep --iters 10 --json "$OUT/$name.json" "$@" \
+    > "$OUT/$name.log" 2>&1
+  grep -E "$pattern|!!|rror" "$OUT/$name.log" | cut -c1-150
+}

@@ -20,9 +20,6 @@ source scripts/device_env.sh
 OUT=${OUT:-$PWD/s17_out}
 begin_call
 gpu_tests "${TEST_S:-400}" tests/test_ffi.py -k "${TEST_K:-gathered or fused_gather or fused_epilogue or dswiglu or backward_entry or layer_forward_backward or layout}"
-echo "== [$(since) s] fused-gather sweep"
-timeout "${SWEEP_S:-150}" $PY -m sonic_jax.ffi.sweep --fused-gather-only --iters 10 \
-  --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8} \
-  --json "$OUT/fused-gather-sweep.json" > "$OUT/fused-gather-sweep.log" 2>&1
-grep -E "config T=|fused|gather_rows|layer|!!|rror" "$OUT/fused-gather-sweep.log" | cut -c1-150
+ffi_sweep "${SWEEP_S:-150}" fused-gather-sweep "config T=|fused|gather_rows|layer" \
+  --fused-gather-only --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8}
 echo "== [$(since) s] done"

@@ -14,10 +14,7 @@ OUT=${OUT:-$PWD/s17b_out}
 begin_call
 PROF_ROUNDS=3 PROF_ITERS=5 kernel_profile "${PROF_S:-150}" \
   "paper-1.4B-n256,paper-7B-n256,paper-120B-n512" "ffi,ffi:dswiglu=warp" 0.05
-echo "== [$(since) s] fused-epilogue sweep"
-timeout "${SWEEP_S:-330}" $PY -m sonic_jax.ffi.sweep --fused-epilogue-only --iters 10 \
+ffi_sweep "${SWEEP_S:-330}" fused-epilogue-sweep "config T=|\\[" --fused-epilogue-only \
   --epilogue-variants ${EPI_VARIANTS:-both both:noinc both:tma_b} \
-  --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 24576,1536,256,128,8} \
-  --json "$OUT/fused-epilogue-sweep.json" > "$OUT/fused-epilogue-sweep.log" 2>&1
-grep -E "config T=|\[|rror" "$OUT/fused-epilogue-sweep.log" | cut -c1-150
+  --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 24576,1536,256,128,8}
 echo "== [$(since) s] done"

@@ -12,9 +12,6 @@ source scripts/device_env.sh
 OUT=${OUT:-$PWD/s17c_out}
 begin_call
 for cfg in ${SWEEP_CONFIGS:-40960,768,256,128,8 24576,1536,256,128,8 32768,4096,256,256,16}; do
-  echo "== [$(since) s] schedule sweep $cfg"
-  timeout "${SWEEP_S:-180}" $PY -m sonic_jax.ffi.sweep --iters 10 --configs "$cfg" \
-    --json "$OUT/sweep-${cfg//,/-}.json" > "$OUT/sweep-${cfg//,/-}.log" 2>&1
-  grep -E "x[0-9.]+ \||layer|MEASURED|!!|rror" "$OUT/sweep-${cfg//,/-}.log" | cut -c1-150
+  ffi_sweep "${SWEEP_S:-180}" "sweep-${cfg//,/-}" "x[0-9.]+ \||layer|MEASURED" --configs "$cfg"
 done
 echo "== [$(since) s] done"
