@@ -290,6 +290,38 @@ def test_split_m_ring_matches_xla(name, gather, stages, block_k, d, n, swizzle):
   assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
 
 
+@pytest.mark.parametrize("name,gather", [("straddle_e5", "fused"), ("empty_experts", "xla"),
+                                         ("one_expert_all_tokens", "fused"),
+                                         ("fewer_pairs_than_tile", "xla")])
+def test_cluster_pairs_ring_matches_xla(name, gather):
+  """GemmConfig(cluster_m=2) on the ring kernels in the interpreter: the cluster grid and the
+  pair tiles (each expert's count rounded up to even; the second CTA of an odd pair owns no
+  rows), with each CTA loading its whole weight tile (the interpreter has no cluster
+  barriers, so no multicast); H, A, Y, dx against xla."""
+  ring = dict(block_m=128, block_n=32, num_compute_wgs=2, wg_split="m", block_k=64,
+              max_concurrent_steps=3, cluster_m=2)
+  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
+  plain = GemmConfig(cross_tile=True, **ring)
+  kern = PallasKernels(interpret=True,
+                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
+  plan = _case(name)
+  _check_up_down(kern, plan, 64, 64)
+  dh = tokens(plan.capacity, 128, seed=5)
+  w1, _ = weights(plan.num_experts, 64, 64)
+  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
+def test_cluster_config_rules():
+  with pytest.raises(ValueError, match="cluster_m must be 1 or 2"):
+    GemmConfig(cluster_m=4, cross_tile=True, num_compute_wgs=2)
+  with pytest.raises(ValueError, match="cluster_m=2 needs the ring kernel"):
+    GemmConfig(cluster_m=2, num_compute_wgs=2)  # no ring
+  with pytest.raises(ValueError, match="cluster_m=2 needs the ring kernel"):
+    GemmConfig(cluster_m=2, cross_tile=True, num_compute_wgs=1)
+  assert GemmConfig(cluster_m=2, gather="fused", num_compute_wgs=2).cluster_m == 2
+  assert GemmConfig().cluster_m == 1  # not yet run on a GPU
+
+
 def test_split_m_config_rules():
   with pytest.raises(ValueError, match="wg_split='m' needs num_compute_wgs=2"):
     GemmConfig(wg_split="m", num_compute_wgs=2, block_m=128)  # no ring kernel
@@ -437,10 +469,12 @@ def test_moe_layer_forward_through_backend():
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
-@pytest.mark.parametrize("align", [8, "block_m"])
-def test_tiles_cover_each_group_row_once(block_m, align):
+@pytest.mark.parametrize("align,pair", [(8, False), ("block_m", False), (8, True)])
+def test_tiles_cover_each_group_row_once(block_m, align, pair):
   """tiles.make_tiles: every row of every group owned by exactly one tile of its expert, load
-  rows aligned (8 for the forward GEMMs, block_m for dh), and tile_of_row the inverse map."""
+  rows aligned (8 for the forward GEMMs, block_m for dh), and tile_of_row the inverse map.
+  pair: tiles 2i and 2i + 1 belong to one expert, and only a pair's second tile may own no
+  rows (an expert with an odd count of windows)."""
   from sonic_jax.pallas.tiles import make_tiles
   align = block_m if align == "block_m" else align
   rng = np.random.default_rng(0)
@@ -456,13 +490,18 @@ def test_tiles_cover_each_group_row_once(block_m, align):
     offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     go = jnp.asarray(offs)
     t = make_tiles(jnp.asarray(sizes, jnp.int32), go, block_m=block_m, align=align,
-                   capacity=capacity, m_rows=m_rows)
+                   capacity=capacity, m_rows=m_rows, pair=pair)
     num = int(t.num_tiles)
     assert num <= t.expert.shape[0]
     owner = np.full(total, -1)
     for i in range(num):
       ex, ld, dst, rows = (int(a[i]) for a in (t.expert, t.load, t.dst, t.rows))
       assert ld % align == 0 and 0 <= ld and (m_rows is None or ld <= m_rows - block_m)
+      if pair:
+        assert num % 2 == 0 and ex == int(t.expert[i ^ 1])
+        if rows == 0:
+          assert i % 2 == 1 and int(t.rows[i - 1]) > 0
+          continue
       assert 1 <= rows and ld <= dst and dst + rows <= ld + block_m
       assert offs[ex] <= dst and dst + rows <= offs[ex + 1]
       assert (owner[dst:dst + rows] == -1).all()
@@ -545,6 +584,19 @@ LOWERING_VARIANTS = [
                                                          epilogue_swizzle=True)),
     ("down_single_swizzled_epilogue", "down", 64, 64, dict(block_n=64, max_concurrent_steps=5,
                                                            epilogue_swizzle=True)),
+    # 2-CTA clusters: the weight tile by TMA multicast, slots released through a ClusterBarrier.
+    ("up_fused_gather_split_m_cluster2", "up", 256, 128, dict(
+        block_n=128, block_k=32, max_concurrent_steps=4, num_compute_wgs=2, gather="fused",
+        epilogue_swizzle=True, wg_split="m", cluster_m=2)),
+    ("down_cross_tile_split_m_cluster2", "down", 256, 256, dict(
+        block_n=256, block_k=32, max_concurrent_steps=4, num_compute_wgs=2, cross_tile=True,
+        epilogue_swizzle=True, wg_split="m", cluster_m=2)),
+    ("dx_pairs_cross_tile_split_m_bk64_cluster2", "dx", 256, 128, dict(
+        block_n=256, block_k=64, max_concurrent_steps=3, num_compute_wgs=2, cross_tile=True,
+        wg_split="m", cluster_m=2)),
+    ("dx_pairs_cross_tile_cluster2", "dx", 256, 64, dict(
+        block_n=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2, cross_tile=True,
+        cluster_m=2)),
 ]
 
 
@@ -630,6 +682,30 @@ def test_gpu_cross_tile_matches_xla(shape):
   dh = tokens(plan.capacity, 2 * n, seed=4)
   assert rel_err(jax.jit(kern.dx_pairs)(dh, w1, plan),
                  jax.jit(XLA.dx_pairs)(dh, w1, plan)) < BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [GPU_SHAPES[0], GPU_SHAPES[1], GPU_SHAPES[3]])
+def test_gpu_cluster_pairs_match_xla(shape):
+  """GemmConfig(cluster_m=2) on the heuristic's ring configs (up_proj with the fused gather,
+  down_proj, dx_pairs): the weight tiles by TMA multicast over 2-CTA clusters."""
+  import dataclasses
+  t, d, n, e, k = shape
+  plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
+  c2 = lambda cfg: dataclasses.replace(cfg, cluster_m=2)
+  kern = PallasKernels(config=ForwardConfig(
+      up_proj=c2(configs.swiglu_gemm_config(d, n, gather="fused")),
+      down_proj=c2(configs.plain_gemm_config(n, d)),
+      dx_pairs=c2(configs.plain_gemm_config(2 * n, d, transpose_rhs=True))))
+  x, (w1, w2) = tokens(t, d), weights(e, d, n)
+  kern.validate(x, plan, w1, w2)
+  h, a = jax.jit(kern.up_proj)(x, w1, plan)
+  h_ref, a_ref = jax.jit(XLA.up_proj)(x, w1, plan)
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
+  y, y_ref = jax.jit(kern.down_proj)(a_ref, w2, plan), jax.jit(XLA.down_proj)(a_ref, w2, plan)
+  assert rel_err(y, y_ref) < BF16_TOL
+  assert rel_err(jax.jit(kern.dx_pairs)(h_ref, w1, plan),
+                 jax.jit(XLA.dx_pairs)(h_ref, w1, plan)) < BF16_TOL
 
 
 @pytest.mark.gpu

@@ -69,6 +69,14 @@ class GemmConfig:
   accumulators, 64 x 128 (x2) per warpgroup instead of 128 x 64 (x2) at the same register
   count (fused up_proj 1-5 % faster on the H200). Only on the ring kernels (gather="fused" or
   cross_tile) with 2 consumers, block_m 128.
+  cluster_m: 1, or 2 for 2-CTA clusters on the ring kernels: the two CTAs of a cluster take
+  neighbouring M tiles of one expert (``tiles.make_tiles(pair=True)``: each expert's tile count
+  rounded up to even, the extra tile owning no rows) and the same N block, and each loads half
+  of the shared weight tile by TMA multicast (``copy_gmem_to_smem(collective_axes="cluster")``),
+  so each CTA reads half the weight bytes from L2; a ring slot is refilled only once the
+  consumers of both CTAs released it (a ClusterBarrier). In the interpreter (which has no
+  cluster barriers) each CTA of the cluster loads its whole weight tile and releases its own
+  slots; the pair tiles and the cluster grid are the same. Session 17: not yet run on a GPU.
   """
 
   block_m: int = 128
@@ -82,6 +90,7 @@ class GemmConfig:
   num_sms: int | None = None
   cross_tile: bool = False
   wg_split: Literal["n", "m"] = "n"
+  cluster_m: int = 1
 
   @property
   def ring(self) -> bool:
@@ -124,6 +133,13 @@ class GemmConfig:
                        "ring kernel (gather='fused' or cross_tile=True), got "
                        f"num_compute_wgs={self.num_compute_wgs}, block_m={self.block_m}, "
                        f"gather={self.gather!r}, cross_tile={self.cross_tile}")
+    if self.cluster_m not in (1, 2):
+      raise ValueError(f"GemmConfig.cluster_m must be 1 or 2, got {self.cluster_m}")
+    if self.cluster_m == 2 and not (self.ring and self.num_compute_wgs == 2):
+      raise ValueError("GemmConfig.cluster_m=2 needs the ring kernel (gather='fused' or "
+                       "cross_tile=True) with num_compute_wgs=2, got "
+                       f"gather={self.gather!r}, cross_tile={self.cross_tile}, "
+                       f"num_compute_wgs={self.num_compute_wgs}")
 
 
 @dataclasses.dataclass(frozen=True)

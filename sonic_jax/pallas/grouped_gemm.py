@@ -184,7 +184,7 @@ def grouped_gemm(
   if gather_idx is not None and m_src != src_rows:
     gather_idx = jnp.pad(gather_idx, (0, m_src - src_rows))
   tiles = tiles_lib.make_tiles(group_sizes, group_offsets, block_m=bm, align=8,
-                               capacity=num_rows, m_rows=m_src)
+                               capacity=num_rows, m_rows=m_src, pair=config.cluster_m == 2)
 
   outs = _build_kernel(
       m_src=m_src, k=k, n_total=n_total, num_experts=num_experts, out_rows=out_rows,
@@ -209,6 +209,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   split_m = config.wg_split == "m"
   swiglu = epilogue == "swiglu"
   n_out = n_total // 2 if swiglu else n_total
+  cluster_m = config.cluster_m
+  # The interpreter has no cluster barriers: there each CTA of a cluster loads its own weight
+  # tiles and releases its own slots (same tiles, same grid).
+  multicast = cluster_m > 1 and not interpret
   grid_n = n_out // bn_cta
   k_steps = k // bk
   # Output operands: plain -> [out]; swiglu -> [H, A] or [A].
@@ -458,13 +462,17 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     interp = bool(interpret)
     if fused_gather:
       cp_async.init_barriers(full_a, slots, interpret=interp)
+    # With 2-CTA clusters both CTAs walk the same (tile pair, N block) items, each the tile of
+    # the pair given by its rank (the tiles come in pairs of one expert: make_tiles(pair=True)).
+    rank = lax.axis_index("cluster") if cluster_m > 1 else 0
 
     def tiles_loop(body):
-      @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
+      @plgpu.nd_loop((num_tiles // cluster_m * grid_n,), collective_axes="sm",
+                     init_carry=jnp.int32(0))
       def _loop(info: plgpu.NDLoopInfo, carry):
-        mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1,
+        pi, ni = plgpu.planar_snake(info.index[0], (num_tiles // cluster_m, grid_n), 1,
                                     config.grid_tile_width)
-        body(mi, ni, carry)
+        body(pi * cluster_m + rank, ni, carry)
         return carry + k_steps  # global k step of this CTA (the ring position)
       return _loop
 
@@ -489,7 +497,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
               src = rhs_ref.at[e, pl.ds(c0, bn_cta), pl.ds(kk * bk, bk)]
             else:
               src = rhs_ref.at[e, pl.ds(kk * bk, bk), pl.ds(c0, bn_cta)]
-            plgpu.copy_gmem_to_smem(src, b_ring.at[slot, j], full_b.at[slot])
+            # multicast: each CTA of the cluster loads part of the tile and both receive all
+            # of it (each full_b expects the whole tile's bytes).
+            plgpu.copy_gmem_to_smem(src, b_ring.at[slot, j], full_b.at[slot],
+                                    collective_axes="cluster" if multicast else None)
           if fused_gather:
             cp_async.issue_gather(gidx_ref, lhs_ref, a_ring, full_a, slot=slot, row0=row_load,
                                   k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
@@ -535,9 +546,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
-  common = dict(out_type=out_type, grid=(persistent_ctas(config.num_sms, interpret),),
-                grid_names=("sm",), compiler_params=params,
-                interpret=_interpret_params(interpret))
+  ctas = persistent_ctas(config.num_sms, interpret)
+  common = dict(out_type=out_type, grid=(ctas // cluster_m,), grid_names=("sm",),
+                compiler_params=params, interpret=_interpret_params(interpret))
+  if cluster_m > 1:
+    common.update(cluster=(cluster_m,), cluster_names=("cluster",))
   if fused_gather or config.cross_tile:
     slots = config.max_concurrent_steps
     itemsize = jnp.dtype(dtype).itemsize
@@ -552,7 +565,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         *([cp_async.barrier_scratch(slots, interpret=bool(interpret))] if fused_gather else []),
         # The B TMAs (and the A TMA without a gather): one arrival per copy.
         plgpu.Barrier(num_arrivals=n_b + (0 if fused_gather else 1), num_barriers=slots),
-        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),
+        # empty: one arrival per consumer warpgroup; with multicast from each CTA's consumers
+        # (the slot is refilled by both CTAs' B copies).
+        (plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=wgs,
+                              num_barriers=slots) if multicast
+         else plgpu.Barrier(num_arrivals=wgs, num_barriers=slots)),
     ]
     return plgpu.kernel(body_ring, scratch_types=scratch, num_threads=wgs + 1,
                         thread_name="wg", **common)

@@ -11,7 +11,8 @@ divisibility of index 0 using pl.multiple_of"), which is why tiles that start ex
 starts, the first design, are not used. ``align = 8`` (the forward GEMMs) adds at most one tile
 per expert; ``align = block_m`` (dh) gives block-aligned tiles, one per (block, expert)
 intersection. No tile mixes two experts and no kernel loops over experts; tiles past
-``num_tiles`` have rows == 0 and expert == load == dst == 0.
+``num_tiles`` have rows == 0 and expert == load == dst == 0. ``pair=True`` (2-CTA clusters)
+gives every expert an even tile count; the extra tile owns no rows.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import jax
 import jax.numpy as jnp
 
 
-def max_tiles(capacity: int, num_experts: int, block_m: int, align: int) -> int:
-  """Static bound on the tile count for any group sizes with Σ_e f_e <= capacity."""
+def max_tiles(capacity: int, num_experts: int, block_m: int, align: int,
+              pair: bool = False) -> int:
+  """Static bound on the tile count for any group sizes with Σ_e f_e <= capacity (``pair``:
+  each expert's count rounded up to even, at most one more tile per expert)."""
   nonempty = min(num_experts, capacity)  # experts that can own rows
+  extra = nonempty if pair else 0
   if align == block_m:
     # Each of the cdiv(capacity, block_m) blocks is split at most once per group boundary.
-    return -(-capacity // block_m) + nonempty
+    return -(-capacity // block_m) + nonempty + extra
   # Σ_e ceil((f_e + r_e) / block_m) over non-empty experts, r_e = start_e mod align < align.
-  return -(-(capacity + (align - 1) * nonempty) // block_m) + nonempty
+  return -(-(capacity + (align - 1) * nonempty) // block_m) + nonempty + extra
 
 
 @jax.tree_util.register_dataclass
@@ -71,13 +75,16 @@ _COMPARE_ALL_MAX = 1 << 22  # E x tiles compares in one fusion: a few microsecon
 
 
 def make_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int, align: int,
-               capacity: int, m_rows: int | None = None) -> Tiles:
+               capacity: int, m_rows: int | None = None, pair: bool = False) -> Tiles:
   """group_sizes (E,), group_offsets (E+1,) int32 -> Tiles (O(E + tiles) JAX ops, no loops).
 
   align: a multiple of 8 dividing block_m. capacity: static bound on Σ group_sizes.
   m_rows: when given (a multiple of align, >= block_m), windows are clamped to end inside an
   array of m_rows rows (load <= m_rows - block_m); when None, the last window of the last group
   may run past the rows (the caller must tolerate, or never store, such rows).
+  pair: every expert gets an even number of tiles, so tiles 2i and 2i + 1 always belong to one
+  expert (the two CTAs of a 2-CTA cluster share its weight tile); an expert with an odd count
+  gets one more window past its rows, which owns none (rows == 0).
   """
   if align % 8 or block_m % align:
     raise ValueError(f"align ({align}) must be a multiple of 8 dividing block_m ({block_m})")
@@ -85,11 +92,13 @@ def make_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int
     raise ValueError(f"m_rows ({m_rows}) must be a multiple of align ({align}) and >= block_m "
                      f"({block_m})")
   num_experts = group_sizes.shape[0]
-  n_max = max_tiles(capacity, num_experts, block_m, align)
+  n_max = max_tiles(capacity, num_experts, block_m, align, pair)
   begin = group_offsets[:-1]
   end = begin + group_sizes
   aligned = (begin // align) * align
   per_expert = jnp.where(group_sizes > 0, (end - aligned + block_m - 1) // block_m, 0)
+  if pair:
+    per_expert = per_expert + per_expert % 2
   tile_end = jnp.cumsum(per_expert, dtype=jnp.int32)  # inclusive
   tile_begin = tile_end - per_expert
   i = jnp.arange(n_max, dtype=jnp.int32)
@@ -102,7 +111,7 @@ def make_tiles(group_sizes: jax.Array, group_offsets: jax.Array, *, block_m: int
   live = i < num_tiles
   win = aligned[e] + (i - tile_begin[e]) * block_m
   dst = jnp.maximum(begin[e], win)
-  rows = jnp.minimum(end[e], win + block_m) - dst
+  rows = jnp.maximum(jnp.minimum(end[e], win + block_m) - dst, 0)  # 0: a pair's extra tile
   load = win if m_rows is None else jnp.minimum(win, m_rows - block_m)
   z = lambda a: jnp.where(live, a, 0).astype(jnp.int32)
   return Tiles(expert=z(e), load=z(load), dst=z(dst), rows=z(rows), num_tiles=num_tiles,
