@@ -177,7 +177,13 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
              "ring-2pipes": dataclasses.replace(DH_RING_CFG, pipelines=2, block_n=64),
              "fused-2pipes-gmem-swz": dataclasses.replace(
                  DH_FUSED_CFG, pipelines=2, h_source="gmem", epi_buffers=2,
-                 epilogue_swizzle=True)}
+                 epilogue_swizzle=True),
+             # 2-CTA clusters (DhConfig.cluster_m): pair tiles, each CTA its tile of the pair
+             # (the interpreter has no cluster barriers: no multicast there).
+             "fused-cluster2": dataclasses.replace(DH_FUSED_CFG, cluster_m=2),
+             "ring-2wg-n-gmem-cluster2": dataclasses.replace(
+                 DH_RING_CFG, block_n=64, num_consumers=2, consumer_split="n", h_source="gmem",
+                 cluster_m=2)}
 
 # The wide ring kernel: two consumers side by side (CTA tile 128 x 256), H read from HBM into
 # registers, two staging buffers per consumer, 3 stages of block_k 64 (or 6 of 32).
@@ -412,11 +418,15 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                 dict(gather="fused", **{**WIDE_M_DH, "block_m": 64,
                                                         "num_consumers": 1,
                                                         "max_concurrent_steps": 4},
-                                     pipelines=2, epilogue_swizzle=True)],
+                                     pipelines=2, epilogue_swizzle=True),
+                                dict(ring=True, **WIDE_M_DH, epilogue_swizzle=True, cluster_m=2),
+                                dict(gather="fused", **WIDE_M_DH, cluster_m=2),
+                                dict(ring=True, cluster_m=2)],
                          ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
                               "rows-64x256-prefetch", "rows-64x256-lookahead-swz",
                               "fused-rows-64x256", "rows-64x256-swz", "rows-64x128-smem-swz",
-                              "2pipes-64x256", "fused-2pipes-64x256"])
+                              "2pipes-64x256", "fused-2pipes-64x256", "rows-64x256-swz-cluster2",
+                              "fused-rows-64x256-cluster2", "ring-cluster2"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -428,6 +438,16 @@ def test_dh_wide_lowers_to_mosaic_gpu(kw):
     # One producer feeds both rings: three warpgroups, the two consumers raised to 232
     # registers. A producer per pipeline (four warpgroups) capped ptxas at 128 (session 14).
     assert "setmaxnreg.inc.sync.aligned.u32 232" in text
+
+
+def test_dh_cluster_validation():
+  with pytest.raises(ValueError, match="cluster_m must be 1 or 2"):
+    DhConfig(ring=True, cluster_m=3)
+  for kw in (dict(), dict(ring=True, pipelines=2), dict(ring=True, ctas_per_sm=2)):
+    with pytest.raises(ValueError, match="cluster_m = 2 needs the ring kernel"):
+      DhConfig(cluster_m=2, **kw)
+  assert DhConfig(gather="fused", cluster_m=2).cluster_m == 2
+  assert DhConfig().cluster_m == 1  # not yet run on a GPU
 
 
 def test_dh_wide_validation():
@@ -936,7 +956,8 @@ def test_gpu_dh_matches_xla():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["fused", "ring", "fused-2wg", "ring-2wg", "ring-wide",
                                   "ring-wide-k32", "fused-wide", "ring-wide-prefetch",
-                                  "ring-rows-wide", "ring-rows-wide-prefetch", "fused-rows-wide"])
+                                  "ring-rows-wide", "ring-rows-wide-prefetch", "fused-rows-wide",
+                                  "ring-rows-wide-cluster2", "fused-rows-wide-cluster2"])
 def test_gpu_dh_fused_gather_matches_default(kind):
   """The ring kernel, DhConfig(gather="fused") or DhConfig(ring=True) (the heuristic's tiles, 3
   stages), against the default XLA-gather kernel and the xla backend at a realistic size; the
@@ -959,6 +980,8 @@ def test_gpu_dh_fused_gather_matches_default(kind):
     cfg = dataclasses.replace(cfg, h_prefetch=True)
   if kind.endswith("-k32"):
     cfg = dataclasses.replace(cfg, block_k=32, max_concurrent_steps=6)
+  if kind.endswith("-cluster2"):  # 2-CTA clusters, W2 by TMA multicast (DhConfig.cluster_m)
+    cfg = dataclasses.replace(cfg, cluster_m=2)
   fused = jax.jit(lambda *args: dh(*args, config=cfg))
   got = fused(a["dout"], a["w2"], a["h"], s, plan)
   base = jax.jit(lambda *args: dh(*args))(a["dout"], a["w2"], a["h"], s, plan)

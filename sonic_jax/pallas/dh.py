@@ -131,6 +131,11 @@ class DhConfig:
   4 stages per ring, H from HBM, against the default): 64 x 256 0.611 vs 0.565 ms at T=40960,
   d=768, n=512, E=64, K=4 and 6.83 vs 4.60 ms at T=32768, d=4096, n=1024, E=128, K=8; 128 x 128
   0.774 / 7.11 ms. Each consumer's wgmmas run alone, one 64- or 128-row tile at a time.
+  cluster_m: 1, or 2 for 2-CTA clusters on the ring kernel (one pipeline, one CTA per SM), as
+  ``GemmConfig.cluster_m``: neighbouring M tiles of one expert (``make_tiles(pair=True)``) in
+  the two CTAs of a cluster, the W2 tile by TMA multicast, the slots released through a
+  ClusterBarrier (in the interpreter: pair tiles and the cluster grid, no multicast). Session
+  17: not yet run on a GPU.
   """
 
   @property
@@ -156,6 +161,7 @@ class DhConfig:
   h_lookahead: bool = False
   epilogue_swizzle: bool = False
   pipelines: int = 1
+  cluster_m: int = 1
 
   @property
   def block_n_cta(self) -> int:
@@ -219,6 +225,14 @@ class DhConfig:
     if self.h_source == "gmem" and not self.warp_specialized:
       raise ValueError("DhConfig.h_source = 'gmem' needs the ring kernel (gather='fused' or "
                        "ring=True)")
+    if self.cluster_m not in (1, 2):
+      raise ValueError(f"DhConfig.cluster_m must be 1 or 2, got {self.cluster_m!r}")
+    if self.cluster_m == 2 and not (self.warp_specialized and self.pipelines == 1
+                                    and self.ctas_per_sm == 1):
+      raise ValueError(f"DhConfig.cluster_m = 2 needs the ring kernel (gather='fused' or "
+                       f"ring=True) with pipelines = 1 and ctas_per_sm = 1, got "
+                       f"gather={self.gather!r}, ring={self.ring}, pipelines={self.pipelines}, "
+                       f"ctas_per_sm={self.ctas_per_sm}")
     if self.warp_specialized and self.max_concurrent_steps < 2:
       raise ValueError(f"DhConfig.max_concurrent_steps must be >= 2 with gather='fused' or "
                        f"ring=True (the consumer frees a stage one step late), got "
@@ -639,8 +653,10 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   dtype = h.dtype
   itemsize = jnp.dtype(dtype).itemsize
   interp = bool(interpret)
+  cluster_m = config.cluster_m
+  multicast = cluster_m > 1 and not interp  # the interpreter has no cluster barriers
   tiles = tiles_lib.make_tiles(plan.group_sizes, plan.group_offsets, block_m=bm, align=bm,
-                               capacity=p_rows)
+                               capacity=p_rows, pair=cluster_m == 2)
   tiles_max = tiles.expert.shape[0]
   grid_n = n // bn_cta
   k_steps = d // bk
@@ -650,7 +666,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   scores_grouped = scores_grouped.astype(_F32)
   # The last block's window may run past P: its gather indices are padded with token 0 (a
   # valid row; those rows are computed and never stored). Pre-gathered, the TMA zero-fills.
-  blocks = -(-p_rows // bm)
+  # With pair tiles an expert's extra tile is the block after its last one: one more block.
+  blocks = -(-p_rows // bm) + (1 if cluster_m == 2 else 0)
   gidx = None if pregathered else jnp.pad(plan.gather_idx.astype(jnp.int32),
                                           (0, blocks * bm - p_rows))
   # Loads of H from HBM into registers have no out-of-bounds fill: the last block's rows must
@@ -690,15 +707,20 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
     def item(first, stride, it):
       return plgpu.planar_snake(first + it * stride, (num_tiles, grid_n), 1, config.grid_block_n)
 
+    # With 2-CTA clusters both CTAs walk the same (tile pair, N block) items, each the tile of
+    # the pair given by its rank.
+    rank = lax.axis_index("cluster") if cluster_m > 1 else 0
+
     def tiles_loop(tile_body, pipe):
       """Runs tile_body(mi, ni, g0) over this pipeline's work items (g0: its ring position);
       returns the ring steps it ran."""
       if pipes == 1:
-        @plgpu.nd_loop((num_tiles * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
+        pairs = num_tiles // cluster_m
+
+        @plgpu.nd_loop((pairs * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
         def _loop(info: plgpu.NDLoopInfo, carry):
-          mi, ni = plgpu.planar_snake(info.index[0], (num_tiles, grid_n), 1,
-                                      config.grid_block_n)
-          tile_body(mi, ni, carry)
+          pi, ni = plgpu.planar_snake(info.index[0], (pairs, grid_n), 1, config.grid_block_n)
+          tile_body(pi * cluster_m + rank, ni, carry)
           return carry + k_steps  # global k step of this CTA: the ring position
         return _loop
       first, stride, count = pipe_items(pipe)
@@ -725,9 +747,11 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
           def _():
             plgpu.barrier_wait(empty.at[slot])
           for c in range(b_parts):
+            # multicast: both CTAs of the cluster receive the whole W2 tile.
             plgpu.copy_gmem_to_smem(
                 w2_gmem.at[e, pl.ds(ni * bn_cta + c * bn, bn), pl.ds(kk * bk, bk)],
-                b_ring.at[slot, c], full_b.at[slot])
+                b_ring.at[slot, c], full_b.at[slot],
+                collective_axes="cluster" if multicast else None)
           if pregathered:
             plgpu.copy_gmem_to_smem(dout_gmem.at[pl.ds(row0, bm), pl.ds(kk * bk, bk)],
                                     a_ring.at[slot], full_b.at[slot])
@@ -905,16 +929,19 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
       plgpu.Barrier(num_arrivals=b_parts + (1 if pregathered else 0),
                     num_barriers=pipes * slots),
-      # empty: the release by the pipeline's consumers
-      plgpu.Barrier(num_arrivals=wgs, num_barriers=pipes * slots),
+      # empty: the release by the pipeline's consumers (of both CTAs with multicast)
+      (plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=wgs,
+                            num_barriers=pipes * slots) if multicast
+       else plgpu.Barrier(num_arrivals=wgs, num_barriers=pipes * slots)),
       plgpu.Barrier(num_arrivals=1, num_barriers=3 * n_cons),  # H gate, H up, scores per consumer
   ]
   kernel = plgpu.kernel(
       body,
       out_type=(jax.ShapeDtypeStruct((p_rows, n), dtype),
                 jax.ShapeDtypeStruct((n // bn, tiles_max, bm), _F32)),
-      grid=(n_ctas,),
+      grid=(n_ctas // cluster_m,),
       grid_names=("sm",),
+      **(dict(cluster=(cluster_m,), cluster_names=("cluster",)) if cluster_m > 1 else {}),
       num_threads=n_cons + 1,
       thread_name="wg",
       scratch_types=scratch,
