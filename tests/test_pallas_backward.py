@@ -675,6 +675,52 @@ def test_wgrad_two_consumers_xla_gather_matches_xla(case):
                         XLA.dw2(a["dout"], a["a_prime"], plan))
 
 
+@pytest.mark.parametrize("gather", ["xla", "fused"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_wgrad_cluster_pairs_match_xla(case, gather):
+  """WgradConfig(cluster_m=2) on the ring kernel in the interpreter: the cluster grid and the
+  tile pairs along the gathered side's dim (M for dW1, N for dW2), each CTA its tile of the pair
+  (the interpreter has no cluster barriers: each loads its own plain tile)."""
+  a = _inputs(case, d=256, n=128)
+  plan = a["plan"]
+  base1, base2 = (_WG2_XLA_DW1, _WG2_XLA_DW2) if gather == "xla" else (_WG2_DW1, _WG2_DW2)
+  c1 = dataclasses.replace(base1, block_m=64, block_n=128, num_sms=None, cluster_m=2)
+  c2 = dataclasses.replace(base2, block_m=128, block_n=64, num_sms=None, cluster_m=2)
+  f = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1, interpret=True),
+                                        dw2(dout, ap, plan, config=c2, interpret=True)))
+  g1, g2 = f(a["x"], a["dout"], a["dh"], a["a_prime"])
+  _assert_wgrad_matches(g1, g2, plan, XLA.dw1(a["x"], a["dh"], plan),
+                        XLA.dw2(a["dout"], a["a_prime"], plan))
+
+
+def test_wgrad_cluster_validation():
+  with pytest.raises(ValueError, match="cluster_m must be 1 or 2"):
+    WgradConfig(num_compute_wgs=2, cluster_m=3)
+  with pytest.raises(ValueError, match="cluster_m = 2 needs the ring kernel"):
+    WgradConfig(cluster_m=2)
+  cfg = WgradConfig(block_m=128, block_n=256, num_compute_wgs=2, max_concurrent_steps=3,
+                    cluster_m=2)
+  with pytest.raises(ValueError, match=r"x.shape\[1\] / block_m \(3\) must be even"):
+    wgrad_lib.validate_wgrad_shapes(384, 256, cfg, names=("x", "dh"), gathered="lhs")
+  wgrad_lib.validate_wgrad_shapes(512, 256, cfg, names=("x", "dh"), gathered="lhs")
+  assert WgradConfig().cluster_m == 1  # not yet run on a GPU
+
+
+@pytest.mark.parametrize("gather", ["xla", "fused"])
+def test_wgrad_cluster_lowers_to_mosaic_gpu(gather):
+  """cluster_m=2 on the ring kernel lowers for CUDA on the CPU host (the plain tile by TMA
+  multicast, the ClusterBarrier release)."""
+  a = _inputs("straddle_e5", d=256, n=128)
+  plan = a["plan"]
+  base1, base2 = (_WG2_XLA_DW1, _WG2_XLA_DW2) if gather == "xla" else (_WG2_DW1, _WG2_DW2)
+  c1 = dataclasses.replace(base1, cluster_m=2)
+  c2 = dataclasses.replace(base2, block_m=128, cluster_m=2)
+  f = lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1), dw2(dout, ap, plan, config=c2))
+  text = jax.jit(f).trace(a["x"], a["dout"], a["dh"], a["dh"]).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
 def test_wgrad_two_consumers_xla_gather_lowers_to_mosaic_gpu():
   """The TMA-only ring (gather="xla", two consumers) lowers for CUDA on the CPU host: layout
   inference of the TMA-filled shared tile, its boundary mask and the consumers' meeting."""
@@ -1047,7 +1093,7 @@ def test_gpu_dw1_dw2_match_xla():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wgs", [1, 2, "xla-ring"])
+@pytest.mark.parametrize("wgs", [1, 2, "xla-ring", "2-cluster2", "xla-ring-cluster2"])
 def test_gpu_wgrad_fused_gather_matches_default(wgs):
   """WgradConfig(gather="fused") (1: the heuristic's tiles and ring; 2: two consumer warpgroups
   on 128x256 / 256x128 tiles; "xla-ring": those two consumers on XLA-gathered operands by TMA)
@@ -1056,15 +1102,17 @@ def test_gpu_wgrad_fused_gather_matches_default(wgs):
   a = _gpu_inputs()
   plan = a["plan"]
   d, n = a["x"].shape[1], a["a_prime"].shape[1]
+  # "-cluster2": 2-CTA clusters sharing the plain tile by TMA multicast (cluster_m).
+  cluster = dict(cluster_m=2) if str(wgs).endswith("-cluster2") else {}
   if wgs == 1:
     c1 = wgrad_config_for(d, 2 * n, gather="fused")
     c2 = wgrad_config_for(n, d, gather="fused")
-  elif wgs == 2:
-    c1 = dataclasses.replace(_WG2_DW1, num_sms=None)
-    c2 = dataclasses.replace(_WG2_DW2, num_sms=None)
+  elif str(wgs).startswith("2"):
+    c1 = dataclasses.replace(_WG2_DW1, num_sms=None, **cluster)
+    c2 = dataclasses.replace(_WG2_DW2, num_sms=None, **cluster)
   else:
-    c1 = dataclasses.replace(_WG2_XLA_DW1, num_sms=None)
-    c2 = dataclasses.replace(_WG2_XLA_DW2, num_sms=None)
+    c1 = dataclasses.replace(_WG2_XLA_DW1, num_sms=None, **cluster)
+    c2 = dataclasses.replace(_WG2_XLA_DW2, num_sms=None, **cluster)
   fused = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan, config=c1),
                                             dw2(dout, ap, plan, config=c2)))
   base = jax.jit(lambda x, dout, dh_, ap: (dw1(x, dh_, plan), dw2(dout, ap, plan)))

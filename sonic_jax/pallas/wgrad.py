@@ -58,6 +58,12 @@ class WgradConfig:
   warpgroups. 2 runs the ring kernel (also with gather="xla", where the pre-gathered operand
   comes by TMA instead of cp.async): the two split the plain operand's columns of the tile
   (block_n for dW1, block_m for dW2), each half a multiple of 64, and share the gathered tile.
+  cluster_m: 1, or 2 for 2-CTA clusters on the ring kernel: the two CTAs of a cluster take
+  neighbouring tiles along the gathered side's feature dim (M for dW1, N for dW2; that tile
+  count must be even) of one expert, so they share the plain operand's K-block tile, which
+  comes by TMA multicast (each CTA reads half of it from L2); the slots are released through a
+  ClusterBarrier. In the interpreter (no cluster barriers) each CTA loads its own plain tile.
+  Session 17: not yet run on a GPU.
   """
 
   block_m: int = 128
@@ -69,6 +75,7 @@ class WgradConfig:
   num_sms: int | None = None
   gather: Literal["xla", "fused"] = "xla"
   num_compute_wgs: int = 1
+  cluster_m: int = 1
 
   def __post_init__(self):
     for f in ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n"):
@@ -87,6 +94,12 @@ class WgradConfig:
       raise ValueError(f"WgradConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
     if self.num_compute_wgs not in (1, 2):
       raise ValueError(f"WgradConfig.num_compute_wgs must be 1 or 2, got {self.num_compute_wgs}")
+    if self.cluster_m not in (1, 2):
+      raise ValueError(f"WgradConfig.cluster_m must be 1 or 2, got {self.cluster_m!r}")
+    if self.cluster_m == 2 and not self.ring:
+      raise ValueError("WgradConfig.cluster_m = 2 needs the ring kernel (gather='fused' or "
+                       f"num_compute_wgs=2), got gather={self.gather!r}, "
+                       f"num_compute_wgs={self.num_compute_wgs}")
     if self.ring and self.max_concurrent_steps < 2:
       raise ValueError(f"WgradConfig.max_concurrent_steps must be >= 2 with gather='fused' or "
                        f"num_compute_wgs=2 (the ring kernel: the consumer frees a stage one step "
@@ -193,6 +206,15 @@ def validate_wgrad_shapes(m: int, n: int, config: WgradConfig, names=("lhs", "rh
       raise ValueError(f"WgradConfig.{field} ({cols}) must be a multiple of 128 with "
                        f"num_compute_wgs = 2 (the two consumer warpgroups split it in halves "
                        f"of a multiple of 64)")
+  if config.cluster_m == 2:
+    if gathered is None:
+      raise ValueError("WgradConfig.cluster_m = 2 runs on the ring kernel of dw1 / dw2 only")
+    field, tiles = (("block_m", m // config.block_m) if gathered == "lhs"
+                    else ("block_n", n // config.block_n))
+    if tiles % 2:
+      raise ValueError(f"WgradConfig.cluster_m = 2 pairs the tiles along the gathered side: "
+                       f"{ln if gathered == 'lhs' else rn}.shape[1] / {field} ({tiles}) must "
+                       f"be even")
   if smem_bytes(config) > SMEM_LIMIT:
     raise ValueError(f"WgradConfig {config} needs {smem_bytes(config)} bytes of SMEM, more "
                      f"than {SMEM_LIMIT}: lower max_concurrent_steps, block_k, block_m or "
@@ -380,6 +402,8 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
   gidx = (None if pregathered else
           jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows)))
   lhs_is_gathered = gathered == "lhs"
+  cluster_m = config.cluster_m
+  multicast = cluster_m > 1 and not interp  # the interpreter has no cluster barriers
   g_cols = bm if lhs_is_gathered else bn
   # Each consumer takes 1/wgs of the plain operand's columns: (bk, t_cols) per copy.
   t_cols = (bn if lhs_is_gathered else bm) // wgs
@@ -396,12 +420,23 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
     if not pregathered:
       cp_async.init_barriers(full_g, slots, interpret=interp)
 
+    # With 2-CTA clusters both CTAs walk the same items, pairs of tiles along the gathered
+    # side's dim (M for dW1, N for dW2), and take the tile of the pair given by their rank:
+    # they share the plain operand's tile.
+    rank = lax.axis_index("cluster") if cluster_m > 1 else 0
+    pm, pn = (cluster_m, 1) if lhs_is_gathered else (1, cluster_m)
+
     def items_loop(item_body):
-      @plgpu.nd_loop((g_experts, grid_m * grid_n), collective_axes="sm",
+      @plgpu.nd_loop((g_experts, grid_m // pm * (grid_n // pn)), collective_axes="sm",
                      init_carry=jnp.int32(0))
       def _loop(info: plgpu.NDLoopInfo, carry):
         gi = info.index[0]
-        mi, ni = plgpu.planar_snake(info.index[1], (grid_m, grid_n), 1, config.grid_block_n)
+        mi, ni = plgpu.planar_snake(info.index[1], (grid_m // pm, grid_n // pn), 1,
+                                    config.grid_block_n)
+        if pm > 1:
+          mi = mi * pm + rank
+        if pn > 1:
+          ni = ni * pn + rank
         nblocks = meta_gmem[3, gi]
         item_body(gi, mi, ni, nblocks, carry)
         return carry + nblocks  # global K step of this CTA: the ring position
@@ -429,7 +464,9 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
               t_src = rhs_gmem.at[pl.ds(row0, bk), pl.ds(ni * bn + c * t_cols, t_cols)]
             else:
               t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm + c * t_cols, t_cols)]
-            plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot, c], full_t.at[slot])
+            # multicast: both CTAs of the cluster receive the whole plain tile.
+            plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot, c], full_t.at[slot],
+                                    collective_axes="cluster" if multicast else None)
           g_src, c0 = (lhs_gmem, mi * bm) if lhs_is_gathered else (rhs_gmem, ni * bn)
           if pregathered:
             plgpu.copy_gmem_to_smem(g_src.at[pl.ds(row0, bk), pl.ds(c0, g_cols)],
@@ -521,12 +558,16 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
       plgpu.SMEM((slots, wgs, bk, t_cols), dtype),
       plgpu.SMEM((wgs, *acc_shape), out_dtype),
   ]
+  # With multicast a slot is refilled by both CTAs' copies: the consumers of both release it.
+  empty_barrier = (plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=wgs,
+                                        num_barriers=slots) if multicast
+                   else plgpu.Barrier(num_arrivals=wgs, num_barriers=slots))
   if pregathered:
     scratch = [
         *rings,
         # full_t: one TMA per consumer's half of the plain operand + the shared tile's TMA.
         plgpu.Barrier(num_arrivals=wgs + 1, num_barriers=slots),
-        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
+        empty_barrier,  # empty: the consumers' releases
         plgpu.Barrier(num_arrivals=wgs),  # masked: the shared tile's padding rows are zero
     ]
   else:
@@ -534,13 +575,14 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
         *rings,
         cp_async.barrier_scratch(slots, interpret=interp),  # full_g: the gathered rows
         plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # full_t: one TMA per consumer
-        plgpu.Barrier(num_arrivals=wgs, num_barriers=slots),  # empty: the consumers' releases
+        empty_barrier,  # empty: the consumers' releases
     ]
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
-      grid=(persistent_ctas(config.num_sms, interp),),
+      grid=(persistent_ctas(config.num_sms, interp) // cluster_m,),
       grid_names=("sm",),
+      **(dict(cluster=(cluster_m,), cluster_names=("cluster",)) if cluster_m > 1 else {}),
       num_threads=wgs + 1,
       thread_name="wg",
       scratch_types=scratch,
