@@ -35,6 +35,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas import cp_async
 from sonic_jax.pallas.dh import interpret_params
+from sonic_jax.pallas import grid as grid_lib
 from sonic_jax.pallas.grid import persistent_ctas
 from sonic_jax.routing import RoutingPlan
 
@@ -403,7 +404,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
           jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows)))
   lhs_is_gathered = gathered == "lhs"
   cluster_m = config.cluster_m
-  multicast = cluster_m > 1 and not interp  # the interpreter has no cluster barriers
+  multicast = grid_lib.multicasts(cluster_m, interp)
   g_cols = bm if lhs_is_gathered else bn
   # Each consumer takes 1/wgs of the plain operand's columns: (bk, t_cols) per copy.
   t_cols = (bn if lhs_is_gathered else bm) // wgs
@@ -423,7 +424,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
     # With 2-CTA clusters both CTAs walk the same items, pairs of tiles along the gathered
     # side's dim (M for dW1, N for dW2), and take the tile of the pair given by their rank:
     # they share the plain operand's tile.
-    rank = lax.axis_index("cluster") if cluster_m > 1 else 0
+    rank = grid_lib.cluster_rank(cluster_m)
     pm, pn = (cluster_m, 1) if lhs_is_gathered else (1, cluster_m)
 
     def items_loop(item_body):
@@ -466,7 +467,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
               t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm + c * t_cols, t_cols)]
             # multicast: both CTAs of the cluster receive the whole plain tile.
             plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot, c], full_t.at[slot],
-                                    collective_axes="cluster" if multicast else None)
+                                    collective_axes=grid_lib.CLUSTER_AXIS if multicast else None)
           g_src, c0 = (lhs_gmem, mi * bm) if lhs_is_gathered else (rhs_gmem, ni * bn)
           if pregathered:
             plgpu.copy_gmem_to_smem(g_src.at[pl.ds(row0, bk), pl.ds(c0, g_cols)],
@@ -558,10 +559,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
       plgpu.SMEM((slots, wgs, bk, t_cols), dtype),
       plgpu.SMEM((wgs, *acc_shape), out_dtype),
   ]
-  # With multicast a slot is refilled by both CTAs' copies: the consumers of both release it.
-  empty_barrier = (plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=wgs,
-                                        num_barriers=slots) if multicast
-                   else plgpu.Barrier(num_arrivals=wgs, num_barriers=slots))
+  empty_barrier = grid_lib.release_barrier(wgs, slots, multicast)
   if pregathered:
     scratch = [
         *rings,
@@ -582,7 +580,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
       out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
       grid=(persistent_ctas(config.num_sms, interp) // cluster_m,),
       grid_names=("sm",),
-      **(dict(cluster=(cluster_m,), cluster_names=("cluster",)) if cluster_m > 1 else {}),
+      **grid_lib.cluster_kwargs(cluster_m),
       num_threads=wgs + 1,
       thread_name="wg",
       scratch_types=scratch,
