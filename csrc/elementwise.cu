@@ -24,10 +24,7 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float v) {
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
+  for (int i = 0; i < 4; ++i) unpack_bf16x2(w[i], f + 2 * i);
 }
 
 __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
@@ -118,20 +115,14 @@ __device__ __forceinline__ float dswiglu_chunk(const float4* da, const uint2* h,
                                                uint2* a_prime) {
   const float4 d4 = da[row * n4 + c];
   const uint2 gv = h[row * 2 * n4 + c], uv = h[row * 2 * n4 + n4 + c];
-  const float g[4] = {__uint_as_float(gv.x << 16), __uint_as_float(gv.x & 0xffff0000u),
-                      __uint_as_float(gv.y << 16), __uint_as_float(gv.y & 0xffff0000u)};
-  const float u[4] = {__uint_as_float(uv.x << 16), __uint_as_float(uv.x & 0xffff0000u),
-                      __uint_as_float(uv.y << 16), __uint_as_float(uv.y & 0xffff0000u)};
+  float g[4], u[4];
+  unpack_bf16x2(gv.x, g);
+  unpack_bf16x2(gv.y, g + 2);
+  unpack_bf16x2(uv.x, u);
+  unpack_bf16x2(uv.y, u + 2);
   const float d[4] = {d4.x, d4.y, d4.z, d4.w};
-  float dg[4], du[4], ap[4], dot = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const DSwiglu r = dswiglu_elem(g[i], u[i], d[i], sp);
-    dot += d[i] * r.act;
-    dg[i] = r.dg;
-    du[i] = r.du;
-    ap[i] = r.a_prime;
-  }
+  float dg[4], du[4], ap[4];
+  const float dot = dswiglu_n<4>(g, u, d, sp, dg, du, ap);
   dh[row * 2 * n4 + c] = pack4(dg[0], dg[1], dg[2], dg[3]);
   dh[row * 2 * n4 + n4 + c] = pack4(du[0], du[1], du[2], du[3]);
   a_prime[row * n4 + c] = pack4(ap[0], ap[1], ap[2], ap[3]);

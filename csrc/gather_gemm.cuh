@@ -499,18 +499,12 @@ struct GatherGemm {
         const bool lo = r == r_lo;
         const float sp = lo ? s_lo : s_hi;
         const int64_t row = tc.row0 + r;
-        const float gs[2] = {__uint_as_float(gw[j] << 16), __uint_as_float(gw[j] & 0xffff0000u)};
-        const float us[2] = {__uint_as_float(uw[j] << 16), __uint_as_float(uw[j] & 0xffff0000u)};
+        float gs[2], us[2];
+        unpack_bf16x2(gw[j], gs);
+        unpack_bf16x2(uw[j], us);
         const float ds[2] = {acc(i), acc(i + 1)};
-        float dg[2], du[2], ap[2], dot = 0.0f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          const DSwiglu e = dswiglu_elem(gs[k], us[k], ds[k], sp);
-          dot += ds[k] * e.act;
-          dg[k] = e.dg;
-          du[k] = e.du;
-          ap[k] = e.a_prime;
-        }
+        float dg[2], du[2], ap[2];
+        const float dot = dswiglu_n<2>(gs, us, ds, sp, dg, du, ap);
         if (lo) dot_lo += dot; else dot_hi += dot;
         Bf16* dh = p.dh_out + row * two_n + tc.n0 + c;
         *reinterpret_cast<__nv_bfloat162*>(dh) = __floats2bfloat162_rn(dg[0], dg[1]);
@@ -684,10 +678,8 @@ struct GatherGemm {
       // The consumers (of both CTAs, with kTmaB) release every stage before the CTA exits.
       pipe.producer_tail(state);
     } else {
-      Mainloop mainloop;
       PipeState state;
       const int mma_tid = threadIdx.x - kProducerThreads;
-      typename Mainloop::Params unused{};
       for (int tile = first; tile < total; tile += step) {
         auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
         if constexpr (kEpi == Epi::kDSwiGLU) {
@@ -696,6 +688,8 @@ struct GatherGemm {
         if constexpr (kNoinc) {
           consume(pipe, state, acc, k_tiles, mma_tid, smem.tensors);
         } else {
+          Mainloop mainloop;
+          const typename Mainloop::Params unused{};  // the consumer half reads no parameter
           mainloop.mma(pipe, state, acc, k_tiles, mma_tid, smem.tensors, unused);
           mainloop.mma_tail(pipe, state, k_tiles);
           state.advance(k_tiles);
