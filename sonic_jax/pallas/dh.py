@@ -57,8 +57,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas import cp_async
 from sonic_jax.pallas import tiles as tiles_lib
-from sonic_jax.pallas import grid as grid_lib
-from sonic_jax.pallas.grid import persistent_ctas
+from sonic_jax.pallas.grid import (CLUSTER_AXIS, cluster_kwargs, cluster_rank, multicasts,
+                                   persistent_ctas, release_barrier)
 from sonic_jax.pallas.grouped_gemm import (_PRODUCER_REGS, _consumer_regs, staging_smem,
                                            staging_views)
 from sonic_jax.routing import RoutingPlan
@@ -655,7 +655,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   itemsize = jnp.dtype(dtype).itemsize
   interp = bool(interpret)
   cluster_m = config.cluster_m
-  multicast = grid_lib.multicasts(cluster_m, interp)
+  multicast = multicasts(cluster_m, interp)
   tiles = tiles_lib.make_tiles(plan.group_sizes, plan.group_offsets, block_m=bm, align=bm,
                                capacity=p_rows, pair=cluster_m == 2)
   tiles_max = tiles.expert.shape[0]
@@ -710,7 +710,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
 
     # With 2-CTA clusters both CTAs walk the same (tile pair, N block) items, each the tile of
     # the pair given by its rank.
-    rank = grid_lib.cluster_rank(cluster_m)
+    rank = cluster_rank(cluster_m)
 
     def tiles_loop(tile_body, pipe):
       """Runs tile_body(mi, ni, g0) over this pipeline's work items (g0: its ring position);
@@ -752,7 +752,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             plgpu.copy_gmem_to_smem(
                 w2_gmem.at[e, pl.ds(ni * bn_cta + c * bn, bn), pl.ds(kk * bk, bk)],
                 b_ring.at[slot, c], full_b.at[slot],
-                collective_axes=grid_lib.CLUSTER_AXIS if multicast else None)
+                collective_axes=CLUSTER_AXIS if multicast else None)
           if pregathered:
             plgpu.copy_gmem_to_smem(dout_gmem.at[pl.ds(row0, bm), pl.ds(kk * bk, bk)],
                                     a_ring.at[slot], full_b.at[slot])
@@ -931,7 +931,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       plgpu.Barrier(num_arrivals=b_parts + (1 if pregathered else 0),
                     num_barriers=pipes * slots),
       # empty: the release by the pipeline's consumers (of both CTAs with multicast)
-      grid_lib.release_barrier(wgs, pipes * slots, multicast),
+      release_barrier(wgs, pipes * slots, multicast),
       plgpu.Barrier(num_arrivals=1, num_barriers=3 * n_cons),  # H gate, H up, scores per consumer
   ]
   kernel = plgpu.kernel(
@@ -940,7 +940,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                 jax.ShapeDtypeStruct((n // bn, tiles_max, bm), _F32)),
       grid=(n_ctas // cluster_m,),
       grid_names=("sm",),
-      **grid_lib.cluster_kwargs(cluster_m),
+      **cluster_kwargs(cluster_m),
       num_threads=n_cons + 1,
       thread_name="wg",
       scratch_types=scratch,

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import jax
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 # Off a GPU (lowering for CUDA on a CPU host) the kernels assume an H100 / H200 SXM.
 DEFAULT_SMS = 132
@@ -32,7 +34,6 @@ def cluster_kwargs(cluster_m: int) -> dict:
 
 def cluster_rank(cluster_m: int):
   """This CTA's index in its cluster (inside the kernel body; 0 without clusters)."""
-  from jax import lax
   return lax.axis_index(CLUSTER_AXIS) if cluster_m > 1 else 0
 
 
@@ -45,7 +46,6 @@ def multicasts(cluster_m: int, interpret) -> bool:
 def release_barrier(num_arrivals: int, num_barriers: int, multicast: bool):
   """The ring's "empty" barriers: with multicast a slot is refilled by both CTAs' copies, so
   the consumers of every CTA of the cluster release it (a ClusterBarrier)."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu
   if multicast:
     return plgpu.ClusterBarrier(collective_axes=(CLUSTER_AXIS,), num_arrivals=num_arrivals,
                                 num_barriers=num_barriers)

@@ -27,8 +27,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas import cp_async
-from sonic_jax.pallas import grid as grid_lib
-from sonic_jax.pallas.grid import persistent_ctas
+from sonic_jax.pallas.grid import (CLUSTER_AXIS, cluster_kwargs, cluster_rank, multicasts,
+                                   persistent_ctas, release_barrier)
 from sonic_jax.pallas import tiles as tiles_lib
 from sonic_jax.pallas.configs import GemmConfig
 
@@ -211,7 +211,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   swiglu = epilogue == "swiglu"
   n_out = n_total // 2 if swiglu else n_total
   cluster_m = config.cluster_m
-  multicast = grid_lib.multicasts(cluster_m, interpret)
+  multicast = multicasts(cluster_m, interpret)
   grid_n = n_out // bn_cta
   k_steps = k // bk
   # Output operands: plain -> [out]; swiglu -> [H, A] or [A].
@@ -463,7 +463,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       cp_async.init_barriers(full_a, slots, interpret=interp)
     # With 2-CTA clusters both CTAs walk the same (tile pair, N block) items, each the tile of
     # the pair given by its rank (the tiles come in pairs of one expert: make_tiles(pair=True)).
-    rank = grid_lib.cluster_rank(cluster_m)
+    rank = cluster_rank(cluster_m)
 
     def tiles_loop(body):
       @plgpu.nd_loop((num_tiles // cluster_m * grid_n,), collective_axes="sm",
@@ -499,7 +499,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             # multicast: each CTA of the cluster loads part of the tile and both receive all
             # of it (each full_b expects the whole tile's bytes).
             plgpu.copy_gmem_to_smem(src, b_ring.at[slot, j], full_b.at[slot],
-                                    collective_axes=grid_lib.CLUSTER_AXIS if multicast else None)
+                                    collective_axes=CLUSTER_AXIS if multicast else None)
           if fused_gather:
             cp_async.issue_gather(gidx_ref, lhs_ref, a_ring, full_a, slot=slot, row0=row_load,
                                   k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
@@ -548,7 +548,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   ctas = persistent_ctas(config.num_sms, interpret)
   common = dict(out_type=out_type, grid=(ctas // cluster_m,), grid_names=("sm",),
                 compiler_params=params, interpret=_interpret_params(interpret))
-  common.update(grid_lib.cluster_kwargs(cluster_m))
+  common.update(cluster_kwargs(cluster_m))
   if fused_gather or config.cross_tile:
     slots = config.max_concurrent_steps
     itemsize = jnp.dtype(dtype).itemsize
@@ -564,7 +564,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         # The B TMAs (and the A TMA without a gather): one arrival per copy.
         plgpu.Barrier(num_arrivals=n_b + (0 if fused_gather else 1), num_barriers=slots),
         # empty: one arrival per consumer warpgroup (of each CTA of the cluster with multicast).
-        grid_lib.release_barrier(wgs, slots, multicast),
+        release_barrier(wgs, slots, multicast),
     ]
     return plgpu.kernel(body_ring, scratch_types=scratch, num_threads=wgs + 1,
                         thread_name="wg", **common)

@@ -35,8 +35,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from sonic_jax.pallas import cp_async
 from sonic_jax.pallas.dh import interpret_params
-from sonic_jax.pallas import grid as grid_lib
-from sonic_jax.pallas.grid import persistent_ctas
+from sonic_jax.pallas.grid import (CLUSTER_AXIS, cluster_kwargs, cluster_rank, multicasts,
+                                   persistent_ctas, release_barrier)
 from sonic_jax.routing import RoutingPlan
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -404,7 +404,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
           jnp.pad(plan.gather_idx.astype(jnp.int32), (0, blocks * bk - p_rows)))
   lhs_is_gathered = gathered == "lhs"
   cluster_m = config.cluster_m
-  multicast = grid_lib.multicasts(cluster_m, interp)
+  multicast = multicasts(cluster_m, interp)
   g_cols = bm if lhs_is_gathered else bn
   # Each consumer takes 1/wgs of the plain operand's columns: (bk, t_cols) per copy.
   t_cols = (bn if lhs_is_gathered else bm) // wgs
@@ -424,7 +424,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
     # With 2-CTA clusters both CTAs walk the same items, pairs of tiles along the gathered
     # side's dim (M for dW1, N for dW2), and take the tile of the pair given by their rank:
     # they share the plain operand's tile.
-    rank = grid_lib.cluster_rank(cluster_m)
+    rank = cluster_rank(cluster_m)
     pm, pn = (cluster_m, 1) if lhs_is_gathered else (1, cluster_m)
 
     def items_loop(item_body):
@@ -467,7 +467,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
               t_src = lhs_gmem.at[pl.ds(row0, bk), pl.ds(mi * bm + c * t_cols, t_cols)]
             # multicast: both CTAs of the cluster receive the whole plain tile.
             plgpu.copy_gmem_to_smem(t_src, t_ring.at[slot, c], full_t.at[slot],
-                                    collective_axes=grid_lib.CLUSTER_AXIS if multicast else None)
+                                    collective_axes=CLUSTER_AXIS if multicast else None)
           g_src, c0 = (lhs_gmem, mi * bm) if lhs_is_gathered else (rhs_gmem, ni * bn)
           if pregathered:
             plgpu.copy_gmem_to_smem(g_src.at[pl.ds(row0, bk), pl.ds(c0, g_cols)],
@@ -559,7 +559,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
       plgpu.SMEM((slots, wgs, bk, t_cols), dtype),
       plgpu.SMEM((wgs, *acc_shape), out_dtype),
   ]
-  empty_barrier = grid_lib.release_barrier(wgs, slots, multicast)
+  empty_barrier = release_barrier(wgs, slots, multicast)
   if pregathered:
     scratch = [
         *rings,
@@ -580,7 +580,7 @@ def _grouped_outer_fused(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan, conf
       out_type=jax.ShapeDtypeStruct((g_experts, m, n), out_dtype),
       grid=(persistent_ctas(config.num_sms, interp) // cluster_m,),
       grid_names=("sm",),
-      **grid_lib.cluster_kwargs(cluster_m),
+      **cluster_kwargs(cluster_m),
       num_threads=wgs + 1,
       thread_name="wg",
       scratch_types=scratch,
