@@ -617,9 +617,10 @@ def test_library_reports_available_on_hopper():
   assert sonic_jax.resolve_backend("ffi").name == "ffi"
 
 
-# The gathered kinds take (src, gather_idx) through ops.gathered_grouped_gemm: tested below.
+# The gathered kinds take (src, gather_idx) through ops.gathered_grouped_gemm, the fused-epilogue
+# kinds go through ops.up_proj_swiglu / dh_dswiglu: both are tested below.
 _KIND_CONFIGS = [(kind, cfg) for kind, cfgs in schedules.INSTANTIATED.items() for cfg in cfgs
-                 if kind not in schedules.GATHER_KINDS]
+                 if kind not in schedules.GATHER_KINDS + schedules.FUSED_EPILOGUE_KINDS]
 
 
 @pytest.mark.gpu
