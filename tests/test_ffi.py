@@ -316,15 +316,17 @@ def test_ffi_kernels_fused_epilogue_switch():
 
 
 def test_ffi_kernels_gather_schedule_switch():
-  # The session-17 schedules have not run on a GPU yet.
-  assert FfiKernels().gather_schedule == "default"
-  assert FfiKernels(gather_schedule="tma_b") != FfiKernels()
-  assert len({FfiKernels(gather_schedule="tma_b"), FfiKernels(gather_schedule="tma_b"),
+  # tma_b won on the H200 in session 18; it is also each in-GEMM gather kind's default config.
+  assert FfiKernels().gather_schedule == "tma_b"
+  assert FfiKernels(gather_schedule="cp_async") != FfiKernels()
+  assert len({FfiKernels(gather_schedule="tma_b"), FfiKernels(gather_schedule="cp_async"),
               FfiKernels(gather_schedule="noinc"), FfiKernels()}) == 3
-  assert "gather_schedule='tma_b'" in repr(FfiKernels(gather_schedule="tma_b"))
-  assert FfiKernels()._gather_config() is None
-  assert (FfiKernels(gather_schedule="tma_b")._gather_config() ==
-          GemmConfig.GATHER_TMA_B_128x256_C2x1)
+  assert "gather_schedule='noinc'" in repr(FfiKernels(gather_schedule="noinc"))
+  assert FfiKernels()._gather_config() == GemmConfig.GATHER_TMA_B_128x256_C2x1
+  for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
+    assert schedules.DEFAULT[kind] == GemmConfig.GATHER_TMA_B_128x256_C2x1
+  assert (FfiKernels(gather_schedule="cp_async")._gather_config() ==
+          GemmConfig.GATHER_COOP_128x256)
   assert FfiKernels(gather_schedule="noinc")._gather_config() == GemmConfig.GATHER_NOINC_128x256
   with pytest.raises(ValueError, match="gather_schedule must be one of"):
     FfiKernels(gather_schedule="tma")
@@ -349,9 +351,11 @@ def test_sweep_epilogue_variants():
   from sonic_jax.ffi import sweep
   names = list(sweep.EPILOGUE_VARIANTS)
   assert names[0] == "separate" and sweep.EPILOGUE_VARIANTS["separate"] == FfiKernels()
-  assert sweep.EPILOGUE_VARIANTS["both:tma_b"] == FfiKernels(fused_epilogue="both",
-                                                             gather_schedule="tma_b")
-  assert {"dh:noinc", "both:noinc", "dh:tma_b"} <= set(names)
+  assert sweep.EPILOGUE_VARIANTS["both"] == FfiKernels(fused_epilogue="both",
+                                                       gather_schedule="tma_b")
+  assert sweep.EPILOGUE_VARIANTS["both:cp_async"] == FfiKernels(fused_epilogue="both",
+                                                                gather_schedule="cp_async")
+  assert {"dh:noinc", "both:noinc", "dh:cp_async"} <= set(names)
   with pytest.raises(SystemExit):  # argparse: not one of the choices
     sweep.main(["--fused-epilogue-only", "--epilogue-variants", "separate"])
 
@@ -531,11 +535,12 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                    "fused_dh": FfiKernels(fused_epilogue="dh"),
                    "dswiglu_warp": FfiKernels(dswiglu="warp"),
                    "fused_gather_noinc": FfiKernels(fused_gather=True, gather_schedule="noinc"),
-                   "fused_gather_tma_b": FfiKernels(fused_gather=True, gather_schedule="tma_b"),
+                   "fused_gather_cp_async": FfiKernels(fused_gather=True,
+                                                       gather_schedule="cp_async"),
                    "fused_epilogue_noinc": FfiKernels(fused_epilogue=True,
                                                       gather_schedule="noinc"),
-                   "fused_epilogue_tma_b": FfiKernels(fused_epilogue=True,
-                                                      gather_schedule="tma_b")}
+                   "fused_epilogue_cp_async": FfiKernels(fused_epilogue=True,
+                                                         gather_schedule="cp_async")}
 
 
 @pytest.mark.gpu

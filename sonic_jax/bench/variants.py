@@ -12,7 +12,7 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
 ``fused-gather``, ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
-``dswiglu=<block|warp>`` and ``gather_schedule=<default|noinc|tma_b>``, e.g. ``ffi:dw1-last``
+``dswiglu=<block|warp>`` and ``gather_schedule=<tma_b|cp_async|noinc>``, e.g. ``ffi:dw1-last``
 or ``ffi:fused_epilogue=dh:gather_schedule=tma_b``.
 """
 
@@ -49,7 +49,7 @@ def _base_configs(kern, d: int, n: int) -> dict:
 
 FFI_OPTIONS = ("dw1-last", "fused-gather", "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
-               "gather_schedule=<default|noinc|tma_b>")
+               "gather_schedule=<tma_b|cp_async|noinc>")
 
 
 def _ffi_kernels(spec: str):

@@ -37,10 +37,11 @@ _INT32_MAX = 2**31 - 1
 
 FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # Schedule of the kernels that gather rows inside the GEMM (fused_gather, fused_epilogue):
-# "default" (the kind's default, GATHER_COOP_128x256: weights by cp.async, stages published after
-# the producer's own wait), "noinc" (GATHER_NOINC_128x256: published by noinc mbarrier arrivals)
-# or "tma_b" (GATHER_TMA_B_128x256_C2x1: also the weights by TMA multicast over a 2 x 1 cluster).
-GATHER_SCHEDULES = ("default", "noinc", "tma_b")
+# "tma_b" (the default, GATHER_TMA_B_128x256_C2x1: weights by TMA multicast over a 2 x 1 cluster,
+# stages published by noinc mbarrier arrivals), "cp_async" (GATHER_COOP_128x256: weights by
+# cp.async, stages published after the producer's own wait; the default until session 18) or
+# "noinc" (GATHER_NOINC_128x256: cp.async weights, noinc publication).
+GATHER_SCHEDULES = ("tma_b", "cp_async", "noinc")
 
 
 class FfiKernels(ExpertKernels):
@@ -56,10 +57,12 @@ class FfiKernels(ExpertKernels):
   "warp" (a warp per row; written in session 16 for n <= 256, where the block version leaves
   3/4 of its threads idle; not yet run on a GPU).
   gather_schedule: the schedule of the kernels that gather rows inside the GEMM (``fused_gather``,
-  ``fused_epilogue``), one of GATHER_SCHEDULES: "default", "noinc" (producer never waits for its
-  own copies) or "tma_b" (noinc, and the weights by TMA multicast over a 2 x 1 cluster: half
-  the weight bytes from L2 per CTA). "noinc" and "tma_b" were written in session 17 and have
-  not run on a GPU yet.
+  ``fused_epilogue``), one of GATHER_SCHEDULES: "tma_b" (the default: the producer never waits
+  for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
+  weight bytes from L2 per CTA), "cp_async" (the session-6 kernel) or "noinc" (cp.async weights,
+  noinc publication). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 /
+  4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM 7.04 and 4.09); the
+  layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session 18).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -72,7 +75,7 @@ class FfiKernels(ExpertKernels):
 
   def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
-               dswiglu: str = "block", gather_schedule: str = "default"):
+               dswiglu: str = "block", gather_schedule: str = "tma_b"):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
@@ -145,9 +148,10 @@ class FfiKernels(ExpertKernels):
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
 
   def _gather_config(self) -> ops.GemmConfig | None:
-    """Config of the in-GEMM gather kernels (None: the kind's default)."""
-    return {"default": None, "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
-            "tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1}[self.gather_schedule]
+    """Config of the in-GEMM gather kernels."""
+    return {"tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1,
+            "cp_async": ops.GemmConfig.GATHER_COOP_128x256,
+            "noinc": ops.GemmConfig.GATHER_NOINC_128x256}[self.gather_schedule]
 
   def _fuses(self, entry: str) -> bool:
     """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel."""

@@ -90,13 +90,17 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     GemmKind.VARLEN_K_BF16: GemmConfig.COOPERATIVE_128x256_C1x2,  # the fp32 kind's default
     # The wider tile wins both (H200, T=32768, d=4096, n=1024, E=128, K=8): up_proj 9.354 vs
     # 10.292 ms, dh 4.324 vs 4.923 (benchmarks/results/raw/ffi-fused-h200-2026-12-03-s6/).
-    GemmKind.VARLEN_M_GATHER_NN_BF16: GemmConfig.GATHER_COOP_128x256,
-    GemmKind.VARLEN_M_GATHER_NT_F32: GemmConfig.GATHER_COOP_128x256,
+    # Since session 18 the TMA-multicast weights (H200, 120B-n1024): up_proj 6.93 vs 9.19 ms,
+    # dh 3.53 vs 4.53 (benchmarks/results/ffi-gather-schedules-h200-2026-12-05-s18.md).
+    GemmKind.VARLEN_M_GATHER_NN_BF16: GemmConfig.GATHER_TMA_B_128x256_C2x1,
+    GemmKind.VARLEN_M_GATHER_NT_F32: GemmConfig.GATHER_TMA_B_128x256_C2x1,
     # The wider tile: up_proj 9.834 vs 11.305 ms, dh 6.395 vs 6.398 (H200, T=32768, d=4096,
     # n=1024, E=128, K=8; 0.898 vs 1.035 and 0.768 vs 0.750 at the 7B-n256 shape; session 16,
     # benchmarks/results/ffi-fused-epilogue-h200-2026-12-04-s16.md).
-    GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_COOP_128x256,
-    GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_COOP_128x256,
+    # Session 18: TMA-multicast weights, as for the plain gathered kinds (the layer with both
+    # epilogues fused: 36.13 ms under tma_b's fused gather vs 39.64 under cp_async).
+    GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
+    GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
 }
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:
