@@ -67,13 +67,17 @@ train_mixes() {
 
 # kernel_profile SECONDS CONFIGS VARIANTS MIN_MS: benchmarks/kernel_profile.py (per-kernel times
 # of the layer step; the variants take turns, $PROF_ROUNDS rounds of $PROF_ITERS calls), log in
-# $OUT/profile.log.
+# $OUT/profile.log and records in $OUT/kernel_profile.json, or with PROF_TAG set in
+# profile-$PROF_TAG.log and kernel_profile-$PROF_TAG.json (several profiles in one call).
 kernel_profile() {
-  echo "== [$(since) s] kernel profile"
+  local log=$OUT/profile${PROF_TAG:+-$PROF_TAG}.log
+  echo "== [$(since) s] kernel profile${PROF_TAG:+ $PROF_TAG}"
   timeout "$1" $PY benchmarks/kernel_profile.py --out-dir "$OUT" --iters "${PROF_ITERS:-5}" \
     --rounds "${PROF_ROUNDS:-3}" --configs "$2" --variants "$3" --min-ms "$4" \
-    > "$OUT/profile.log" 2>&1
-  grep -E "^==|^  (pallas|xla|ffi)|^  [0-9]+ calls|^  --|body_|dispatch|gather_fusion|Error" "$OUT/profile.log" \
+    > "$log" 2>&1
+  [[ -n "${PROF_TAG:-}" && -f "$OUT/kernel_profile.json" ]] && \
+    mv "$OUT/kernel_profile.json" "$OUT/kernel_profile-$PROF_TAG.json"
+  grep -E "^==|^  (pallas|xla|ffi)|^  [0-9]+ calls|^  --|body_|dispatch|gather_fusion|Error" "$log" \
     | cut -c1-150
 }
 

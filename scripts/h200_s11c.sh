@@ -14,10 +14,8 @@ gpu_tests "${TEST_S:-60}" tests/test_triton.py -k "gpu_dispatch"
 ROWS=dh.ring=true:dh.ctas_per_sm=1:dh.num_consumers=2:dh.consumer_split=m:dh.h_source=gmem
 ROWS=$ROWS:dh.block_k=32:dh.max_concurrent_steps=6:dh.epi_buffers=2:dh.block_n=256:dh.epi_n=64
 export PROF_ROUNDS=${PROF_ROUNDS:-3}
-kernel_profile "${PROF_S:-200}" "${PROF_CONFIGS:-paper-120B-n512,paper-30B-n256}" \
-  "pallas,pallas:xla" 0.3
-mv "$OUT/profile.log" "$OUT/profile-gathers.log"
-mv "$OUT/kernel_profile.json" "$OUT/kernel_profile-gathers.json"
+PROF_TAG=gathers kernel_profile "${PROF_S:-200}" \
+  "${PROF_CONFIGS:-paper-120B-n512,paper-30B-n256}" "pallas,pallas:xla" 0.3
 kernel_profile "$(( ${TOTAL_S:-400} - $(since) ))" "${PROF_CONFIGS2:-paper-1.4B-n512,paper-7B-n512}" \
   "pallas,pallas::$ROWS" 0.1
 echo "== [$(since) s] done"

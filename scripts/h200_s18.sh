@@ -15,12 +15,10 @@ OUT=${OUT:-$PWD/s18_out}
 begin_call
 gpu_tests "${TEST_S:-180}" tests/test_pallas_forward.py tests/test_pallas_backward.py \
   -k "${TEST_K:-gpu_cluster or cluster2}"
-PROF_ROUNDS=3 PROF_ITERS=5 kernel_profile "${PROF_S:-230}" \
+PROF_TAG=pallas PROF_ROUNDS=3 PROF_ITERS=5 kernel_profile "${PROF_S:-230}" \
   "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512,paper-120B-n1024}" \
   "pallas,pallas::up_proj.cluster_m=2:down_proj.cluster_m=2:dx_pairs.cluster_m=2:dh.cluster_m=2:dw1.cluster_m=2:dw2.cluster_m=2" 0.05
-mv "$OUT/profile.log" "$OUT/profile-pallas.log"; mv "$OUT/kernel_profile.json" "$OUT/profile-pallas.json"
-PROF_ROUNDS=3 PROF_ITERS=5 kernel_profile "${PROF_S2:-150}" \
+PROF_TAG=ffi PROF_ROUNDS=3 PROF_ITERS=5 kernel_profile "${PROF_S2:-150}" \
   "${PROF_CONFIGS2:-paper-120B-n1024,paper-7B-n256}" \
   "ffi,ffi:fused-gather:gather_schedule=tma_b,ffi:fused_epilogue=both:gather_schedule=tma_b" 0.05
-mv "$OUT/profile.log" "$OUT/profile-ffi.log"; mv "$OUT/kernel_profile.json" "$OUT/profile-ffi.json"
 echo "== [$(since) s] done"

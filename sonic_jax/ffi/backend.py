@@ -41,7 +41,12 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # stages published by noinc mbarrier arrivals), "cp_async" (GATHER_COOP_128x256: weights by
 # cp.async, stages published after the producer's own wait; the default until session 18) or
 # "noinc" (GATHER_NOINC_128x256: cp.async weights, noinc publication).
-GATHER_SCHEDULES = ("tma_b", "cp_async", "noinc")
+GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
+    "tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1,
+    "cp_async": ops.GemmConfig.GATHER_COOP_128x256,
+    "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
+}
+GATHER_SCHEDULES = tuple(GATHER_SCHEDULE_CONFIGS)
 
 
 class FfiKernels(ExpertKernels):
@@ -147,11 +152,9 @@ class FfiKernels(ExpertKernels):
                                        config=self._gather_config())
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
 
-  def _gather_config(self) -> ops.GemmConfig | None:
+  def _gather_config(self) -> ops.GemmConfig:
     """Config of the in-GEMM gather kernels."""
-    return {"tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1,
-            "cp_async": ops.GemmConfig.GATHER_COOP_128x256,
-            "noinc": ops.GemmConfig.GATHER_NOINC_128x256}[self.gather_schedule]
+    return GATHER_SCHEDULE_CONFIGS[self.gather_schedule]
 
   def _fuses(self, entry: str) -> bool:
     """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel."""

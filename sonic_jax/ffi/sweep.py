@@ -17,8 +17,8 @@ up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU separate or in
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
-gather_schedule "cp_async" and "noinc" (the default is "tma_b"); --epilogue-variants picks some), each checked against the
-separate one, and each schedule of the two fused kernels.
+gather_schedule "cp_async" and "noinc" besides the default "tma_b"; --epilogue-variants picks
+some), each checked against the separate one, and each schedule of the two fused kernels.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
