@@ -60,7 +60,8 @@ class FfiKernels(ExpertKernels):
   than the elementwise pass costs (H200, session 16, docs/ffi.md).
   dswiglu: the separate dSwiGLU kernel, "block" (a 256-thread block per row, the default) or
   "warp" (a warp per row; written in session 16 for n <= 256, where the block version leaves
-  3/4 of its threads idle; not yet run on a GPU).
+  3/4 of its threads idle; matches the block kernel on the H200 (session 18), speed not yet
+  measured).
   gather_schedule: the schedule of the kernels that gather rows inside the GEMM (``fused_gather``,
   ``fused_epilogue``), one of GATHER_SCHEDULES: "tma_b" (the default: the producer never waits
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
