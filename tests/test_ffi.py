@@ -25,6 +25,8 @@ from sonic_jax.ffi import _lib, ops, schedules
 from sonic_jax.ffi.backend import FfiKernels
 from sonic_jax.ffi.ops import GemmKind
 from sonic_jax.ffi.schedules import GemmConfig
+from sonic_jax.mixed import MixedKernels
+from sonic_jax.pallas.backend import PallasKernels
 from sonic_jax.routing import RoutingPlan, TokenRounding, route_logits
 from sonic_jax.xla_backend import XlaKernels
 
@@ -540,7 +542,13 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                    "fused_epilogue_noinc": FfiKernels(fused_epilogue=True,
                                                       gather_schedule="noinc"),
                    "fused_epilogue_cp_async": FfiKernels(fused_epilogue=True,
-                                                         gather_schedule="cp_async")}
+                                                         gather_schedule="cp_async"),
+                   # sonic_jax.mixed: entry points of both GPU backends in one step.
+                   "mixed_pallas_base": MixedKernels(PallasKernels(), dx_pairs=FfiKernels(),
+                                                     dw1=FfiKernels(), combine=FfiKernels()),
+                   "mixed_ffi_base": MixedKernels(FfiKernels(dswiglu="warp"),
+                                                  down_proj=PallasKernels(), dh=PallasKernels(),
+                                                  dw2=PallasKernels())}
 
 
 @pytest.mark.gpu

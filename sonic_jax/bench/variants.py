@@ -14,6 +14,10 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``fused-gather``, ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
 ``dswiglu=<block|warp>`` and ``gather_schedule=<tma_b|cp_async|noinc>``, e.g. ``ffi:dw1-last``
 or ``ffi:fused_epilogue=dh:gather_schedule=tma_b``.
+
+``<spec>+<entry>[/<entry>...]=<spec>[+...]``: ``sonic_jax.mixed.MixedKernels``, the first spec's
+backend with the named entry points (up_proj, down_proj, combine, dh, dw2, dx_pairs, dw1) taken
+from the other, e.g. ``pallas+dx_pairs/dw1=ffi`` or ``pallas+dh/dw2=ffi:dswiglu=warp``.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def _ffi_kernels(spec: str):
 def kernels_for(spec: str, d: int | None = None, n: int | None = None):
   """The ExpertKernels (or backend name) that ``spec`` names for model width ``d`` and expert
   width ``n`` (needed by the config options); SystemExit on a bad spec."""
+  if "+" in spec:
+    return _mixed_kernels(spec, d, n)
   if spec == "xla":
     return "xla"
   if spec == "ffi" or spec.startswith("ffi:"):
@@ -126,3 +132,30 @@ def kernels_for(spec: str, d: int | None = None, n: int | None = None):
     raise SystemExit(f"variant {spec!r}: {e}") from None
   return PallasKernels(backward_gathers=gathers, dw1_last=kern.dw1_last, config=config,
                        row_gather=row_gather)
+
+
+def _as_kernels(spec: str, d: int | None, n: int | None):
+  kern = kernels_for(spec, d, n)
+  if isinstance(kern, str):
+    from sonic_jax.backends import resolve_backend
+    kern = resolve_backend(kern)
+  return kern
+
+
+def _mixed_kernels(spec: str, d: int | None, n: int | None):
+  """'pallas+dx_pairs/dw1=ffi' -> MixedKernels(PallasKernels(), dx_pairs=ffi, dw1=ffi)."""
+  from sonic_jax.mixed import ENTRY_POINTS, MixedKernels
+  base_spec, *parts = spec.split("+")
+  overrides = {}
+  for part in parts:
+    entries, sep, sub = part.partition("=")
+    names = entries.split("/")
+    if not sep or not sub or not all(e in ENTRY_POINTS for e in names):
+      raise SystemExit(f"variant {spec!r}: each '+' part is <entry>[/<entry>...]=<spec> with "
+                       f"entries from {', '.join(ENTRY_POINTS)}, got {part!r}")
+    kern = _as_kernels(sub, d, n)
+    overrides.update({e: kern for e in names})
+  try:
+    return MixedKernels(_as_kernels(base_spec, d, n), **overrides)
+  except ValueError as e:
+    raise SystemExit(f"variant {spec!r}: {e}") from None

@@ -19,6 +19,9 @@ entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
 gather_schedule "cp_async" and "noinc" besides the default "tma_b"; --epilogue-variants picks
 some), each checked against the separate one, and each schedule of the two fused kernels.
+--elementwise-only: the dSwiGLU kernel a block per row against a warp per row
+(``FfiKernels(dswiglu=...)``, checked against each other) and the SwiGLU kernel, with the
+bandwidth each reaches on the bytes it must move, next to a device-to-device copy of as many bytes.
 GPU time: CUPTI kernel time (jax.experimental.mosaic.gpu.profiler.measure, through
 sonic_jax.bench.timing), median of --iters; each row's ``timer`` says "cupti" or "wall" (the
 fallback when CUPTI fails).
@@ -296,6 +299,45 @@ def run_fused_epilogue(t, d, n, e, k, iters, variants=None):
   return out, {}
 
 
+def run_elementwise(t, d, n, e, k, iters):
+  """dSwiGLU (block / warp per row) and SwiGLU-from-H on the config's P = T·K rows: ms, GB/s on
+  the bytes each moves, and a copy of the dSwiGLU's bytes (read + write) for the ceiling."""
+  del d
+  ks = jax.random.split(jax.random.key(0), 4)
+  plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
+  p = plan.capacity
+  da = jax.random.normal(ks[1], (p, n), jnp.float32)
+  h = jax.random.normal(ks[2], (p, 2 * n), jnp.bfloat16)
+  s = jax.random.uniform(ks[3], (p,), jnp.float32, 0.1, 1.0)
+  offs = plan.group_offsets
+  dswiglu_bytes = p * (4 * n + 2 * 2 * n + 4) + p * (2 * 2 * n + 2 * n + 4)
+  out, ref = [], None
+  for variant in ("block", "warp"):
+    f = jax.jit(lambda da, h, s, o, w=variant == "warp": ops.dswiglu(da, h, s, o,
+                                                                     warp_per_row=w))
+    ms, timer, res = gpu_ms(f, da, h, s, offs, iters=iters)
+    ref = res if ref is None else ref
+    err = max(_rel(a, b) for a, b in zip(res, ref))
+    gbs = dswiglu_bytes / ms / 1e6
+    out.append(dict(kind="elementwise", name=f"dswiglu_{variant}", n=n, rows=p, ms=ms,
+                    gbps=gbs, rel_vs_block=err, timer=timer))
+    print(f"  dswiglu {variant:5s} P={p} n={n}  {ms:7.3f} ms  {gbs:6.0f} GB/s  "
+          f"rel vs block {err:.1e}", flush=True)
+  f = jax.jit(lambda h, o: ops.swiglu_from_h(h, o))
+  ms, timer, _ = gpu_ms(f, h, offs, iters=iters)
+  gbs = p * (2 * 2 * n + 2 * n) / ms / 1e6
+  out.append(dict(kind="elementwise", name="swiglu_from_h", n=n, rows=p, ms=ms, gbps=gbs,
+                  timer=timer))
+  print(f"  swiglu_from_h P={p} n={n}  {ms:7.3f} ms  {gbs:6.0f} GB/s", flush=True)
+  src = jax.random.normal(ks[1], (dswiglu_bytes // 8,), jnp.float32)
+  ms, timer, _ = gpu_ms(jax.jit(lambda a: a * 2.0), src, iters=iters)
+  gbs = dswiglu_bytes / ms / 1e6
+  out.append(dict(kind="elementwise", name="copy", bytes=dswiglu_bytes, ms=ms, gbps=gbs,
+                  timer=timer))
+  print(f"  copy of the dswiglu bytes  {ms:7.3f} ms  {gbs:6.0f} GB/s", flush=True)
+  return out, {}
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(prog="python -m sonic_jax.ffi.sweep", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,6 +352,9 @@ def main(argv=None):
   ap.add_argument("--fused-epilogue-only", action="store_true",
                   help="only up_proj, dh and the layer with the SwiGLU / dSwiGLU epilogues "
                        "separate and fused (FfiKernels(fused_epilogue=...))")
+  ap.add_argument("--elementwise-only", action="store_true",
+                  help="only the dSwiGLU (block / warp per row) and SwiGLU kernels, with their "
+                       "bandwidth")
   ap.add_argument("--epilogue-variants", nargs="+", choices=list(EPILOGUE_VARIANTS)[1:],
                   default=None, help="with --fused-epilogue-only: the fused variants to time "
                                      "besides 'separate' (default: all)")
@@ -319,7 +364,9 @@ def main(argv=None):
   for cfg in args.configs:
     t, d, n, e, k = map(int, cfg.split(","))
     print(f"config T={t} d={d} n={n} E={e} K={k} on {dev.device_kind}", flush=True)
-    if args.fused_epilogue_only:
+    if args.elementwise_only:
+      rows, picks = run_elementwise(t, d, n, e, k, args.iters)
+    elif args.fused_epilogue_only:
       rows, picks = run_fused_epilogue(t, d, n, e, k, args.iters, args.epilogue_variants)
     else:
       rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
