@@ -26,6 +26,7 @@ size_t grouped_gemm_workspace_bytes(GemmKind kind, int config, int num_groups) {
       return varlen_m_fused_workspace_bytes(false, config, num_groups);
     case GemmKind::kVarlenMGatherDSwiGLU:
       return varlen_m_fused_workspace_bytes(true, config, num_groups);
+    case GemmKind::kVarlenKGatherBf16: return varlen_k_gather_workspace_bytes(config, num_groups);
     default: return 0;
   }
 }
@@ -43,6 +44,8 @@ std::string run_grouped_gemm(GemmKind kind, int config, const GroupedGemmParams&
     case GemmKind::kVarlenMGatherNTF32: return run_varlen_m_gather(true, config, p, stream);
     case GemmKind::kVarlenMGatherSwiGLU: return run_varlen_m_fused(false, config, p, stream);
     case GemmKind::kVarlenMGatherDSwiGLU: return run_varlen_m_fused(true, config, p, stream);
+    case GemmKind::kVarlenKGatherBf16:
+      return run_varlen_k_gather(config, p, p.gather_idx, nullptr, p.src_rows, 0, stream);
     default: return "unknown GEMM kind " + std::to_string(static_cast<int>(kind));
   }
 }
@@ -121,6 +124,10 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   if (auto e = check(!is_gather_kind(k), "grouped_gemm: GEMM kind " + std::to_string(kind) +
                                              " gathers its A rows; call "
                                              "sonic_jax_gathered_grouped_gemm");
+      e.failure()) return e;
+  if (auto e = check(k != GemmKind::kVarlenKGatherBf16,
+                     "grouped_gemm: GEMM kind 10 reads rows through indices; call "
+                     "sonic_jax_gathered_varlen_k");
       e.failure()) return e;
   if (auto e = check(!is_fused_epilogue_kind(k), "grouped_gemm: GEMM kind " +
                                                      std::to_string(kind) +
@@ -215,6 +222,46 @@ ffi::Error GatheredGroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t co
   p.src_rows = sd[0];
   std::string err = run_grouped_gemm(k, config, p, stream);
   if (!err.empty()) return ffi::Error::Internal("gathered_grouped_gemm: " + err);
+  return ffi::Error::Success();
+}
+
+// config: GemmConfig (5). a (Ta, M) bf16, a_idx (P,) or (0,) s32, b (Tb, N) bf16, b_idx (P,) or
+// (0,) s32, group_offsets (E+1,) -> d (E, M, N) bf16: d[e] = Σ_{p in group e} a[ia(p)]ᵀ ⊗ b[ib(p)]
+// with ia(p) = a_idx[p] (p when a_idx is empty) and ib likewise; workspace u8 (unused).
+ffi::Error GatheredVarlenKImpl(cudaStream_t stream, int32_t config, ffi::Buffer<ffi::BF16, 2> a,
+                               ffi::Buffer<ffi::S32, 1> a_idx, ffi::Buffer<ffi::BF16, 2> b,
+                               ffi::Buffer<ffi::S32, 1> b_idx, ffi::Buffer<ffi::S32, 1> offsets,
+                               ffi::ResultBuffer<ffi::BF16, 3> d,
+                               ffi::ResultBuffer<ffi::U8, 1> workspace) {
+  note_call(stream);
+  auto ad = a.dimensions(), bd = b.dimensions(), dd = d->dimensions();
+  const int64_t num_groups = offsets.dimensions()[0] - 1;
+  const int64_t na = a_idx.dimensions()[0], nb = b_idx.dimensions()[0];
+  // Rows of the groups: the index length where there is one, else the operand's rows.
+  const int64_t rows_a = na > 0 ? na : ad[0], rows_b = nb > 0 ? nb : bd[0];
+  const std::string shapes = "a " + dims_str(ad) + ", a_idx " + dims_str(a_idx.dimensions()) +
+                             ", b " + dims_str(bd) + ", b_idx " + dims_str(b_idx.dimensions()) +
+                             ", d " + dims_str(dd);
+  if (auto e = check(num_groups >= 1 && rows_a == rows_b && rows_a < (int64_t(1) << 31) &&
+                         ad[1] % 8 == 0 && bd[1] % 8 == 0 && dd[0] == num_groups &&
+                         dd[1] == ad[1] && dd[2] == bd[1],
+                     "gathered_varlen_k: bad shapes " + shapes + " (need as many rows through "
+                     "a_idx or a as through b_idx or b, d (E, M, N), M and N multiples of 8)");
+      e.failure()) return e;
+  GroupedGemmParams p{};
+  p.a = a.untyped_data();
+  p.b = b.untyped_data();
+  p.d = d->untyped_data();
+  p.group_offsets = offsets.typed_data();
+  p.num_groups = static_cast<int>(num_groups);
+  p.m = static_cast<int>(ad[1]);
+  p.n = static_cast<int>(bd[1]);
+  p.workspace = workspace->untyped_data();
+  p.workspace_bytes = workspace->size_bytes();
+  std::string err = run_varlen_k_gather(config, p, na > 0 ? a_idx.typed_data() : nullptr,
+                                        nb > 0 ? b_idx.typed_data() : nullptr, ad[0], bd[0],
+                                        stream);
+  if (!err.empty()) return ffi::Error::Internal("gathered_varlen_k: " + err);
   return ffi::Error::Success();
 }
 
@@ -418,6 +465,7 @@ using sonic::handlers::CombineWeightedImpl;
 using sonic::handlers::DhDSwigluImpl;
 using sonic::handlers::DSwigluImpl;
 using sonic::handlers::GatheredGroupedGemmImpl;
+using sonic::handlers::GatheredVarlenKImpl;
 using sonic::handlers::GatherRowsImpl;
 using sonic::handlers::GroupedGemmImpl;
 using sonic::handlers::ScatterRowsImpl;
@@ -479,6 +527,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatheredGroupedGemm, GatheredGroupedGemmImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<S32Vector>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<U8Vector>(),
+                              SONIC_CMD_BUFFER);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicGatheredVarlenK, GatheredVarlenKImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Attr<int32_t>("config")
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<Bf16Tensor3>()
                                   .Ret<U8Vector>(),
                               SONIC_CMD_BUFFER);
 
@@ -573,7 +634,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 7; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 8; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown
@@ -588,7 +649,10 @@ __attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(in
 
 // 1 when every gathered GEMM instantiation's layout assumptions hold (host only, no GPU).
 __attribute__((visibility("default"))) int sonic_jax_check_layouts() {
-  return sonic::varlen_m_gather_layouts_ok() && sonic::varlen_m_fused_layouts_ok() ? 1 : 0;
+  return sonic::varlen_m_gather_layouts_ok() && sonic::varlen_m_fused_layouts_ok() &&
+                 sonic::varlen_k_gather_layouts_ok()
+             ? 1
+             : 0;
 }
 
 // Output columns per tile of a fused-epilogue kind's config (dS_part has ceil(n / this)

@@ -27,13 +27,16 @@ enum class GemmKind : int {
   // A rows already gathered). Own FFI targets, since they have several outputs.
   kVarlenMGatherSwiGLU = 8,   // up_proj: src[idx] · W1_e (K, 2n) -> H (P, 2n) bf16, A (P, n) bf16
   kVarlenMGatherDSwiGLU = 9,  // dh: dO[idx] · W2_eᵀ, W2_e (n, K) -> dH, A', dS partial sums
-  kNumKinds = 10,
+  // Varlen-K with either operand's rows read through an index (gather_wgrad.cuh), bf16 D: dW1
+  // from x[idx] and dH, dW2 from A' and dO[idx]. Own FFI target (two optional indices).
+  kVarlenKGatherBf16 = 10,
+  kNumKinds = 11,
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
 // config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K
 // (both outputs) has 0 and 3, the gather kinds have 4, 5 and 7 (cp.async producer, no cluster)
-// and 6 (B_e by TMA over a 2x1 cluster). The workspace query returns 0 for a pair that is not
+// and 6 (B_e by TMA over a 2x1 cluster), the gathered varlen-K kind has 5. The workspace query returns 0 for a pair that is not
 // instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
@@ -116,6 +119,13 @@ bool varlen_m_gather_layouts_ok();
 bool varlen_m_fused_layouts_ok();
 std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams& p,
                                cudaStream_t stream);
+// kVarlenKGatherBf16: p.a (a_rows, m), p.b (b_rows, n), p.d (E, m, n); row p of the groups reads
+// a[a_idx[p]] (a[p] when a_idx is null) and b[b_idx[p]] likewise.
+size_t varlen_k_gather_workspace_bytes(int config, int num_groups);
+std::string run_varlen_k_gather(int config, const GroupedGemmParams& p, const int32_t* a_idx,
+                                const int32_t* b_idx, int64_t a_rows, int64_t b_rows,
+                                cudaStream_t stream);
+bool varlen_k_gather_layouts_ok();
 
 // ---- Memory-bound kernels (elementwise.cu). bf16 is passed as raw 16-bit storage. ----
 

@@ -128,7 +128,8 @@ def test_gemm_kinds_match_the_header():
           "VarlenMGatherNNBf16": GemmKind.VARLEN_M_GATHER_NN_BF16,
           "VarlenMGatherNTF32": GemmKind.VARLEN_M_GATHER_NT_F32,
           "VarlenMGatherSwiGLU": GemmKind.VARLEN_M_GATHER_SWIGLU,
-          "VarlenMGatherDSwiGLU": GemmKind.VARLEN_M_GATHER_DSWIGLU}
+          "VarlenMGatherDSwiGLU": GemmKind.VARLEN_M_GATHER_DSWIGLU,
+          "VarlenKGatherBf16": GemmKind.VARLEN_K_GATHER_BF16}
   assert {k: int(v) for k, v in enum.items()} == {k: int(v) for k, v in want.items()}
   assert re.search(r"kNumKinds = (\d+)", text).group(1) == str(len(GemmKind))
   # C++ is_gather_kind and Python GATHER_KINDS name the same kinds.
@@ -177,6 +178,10 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
     got = [(int(i), name) for i, name in cases(path, start)]
     want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
     assert got == want, (path, kind, got, want)
+  # The gathered varlen-K TU builds one schedule, not through a case switch.
+  body = (CSRC / "gemm_varlen_k_gather.cu").read_text()
+  assert schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16] == (GemmConfig.GATHER_COOP_128x256,)
+  assert "GemmConfig::kGatherCoop128x256" in body and "WgradBf16<gather::GatherCoop128x256>" in body
   # Every default and measured pick is instantiated.
   for kind, cfg in schedules.DEFAULT.items():
     assert cfg in schedules.INSTANTIATED[kind]
@@ -201,6 +206,7 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
   plain = text[text.index("ffi::Error GroupedGemmImpl("):text.index("ffi::Error GatheredGroupedGemmImpl(")]
   assert "check(!is_gather_kind(k)" in plain
   assert "check(!is_fused_epilogue_kind(k)" in plain
+  assert "check(k != GemmKind::kVarlenKGatherBf16" in plain
   gathered = text[text.index("ffi::Error GatheredGroupedGemmImpl("):]
   assert "check(is_gather_kind(k)" in gathered
 
@@ -252,11 +258,42 @@ def test_gathered_grouped_gemm_rejects_bad_arguments(bad, match):
                               config=bad.get("config"))
 
 
+@pytest.mark.parametrize("bad, match", [
+    (dict(a_dtype=jnp.float32), "a must be bf16, got float32"),
+    (dict(a_idx=(0,)), "a_idx must be None or a non-empty \\(P,\\) index"),
+    (dict(b_idx=None), "as many grouped rows .* got 16 and 12"),
+    (dict(b=(12, 60)), "multiples of 8 .* N=60"),
+    (dict(config=GemmConfig.GATHER_TMA_B_128x256_C2x1),
+     "config must be one of \\['GATHER_COOP_128x256'\\] for VARLEN_K_GATHER_BF16, got 6"),
+])
+def test_gathered_varlen_k_rejects_bad_arguments(bad, match):
+  a = jnp.zeros((20, 32), bad.get("a_dtype", jnp.bfloat16))
+  b = jnp.zeros(bad.get("b", (12, 64)), jnp.bfloat16)
+  a_idx = jnp.zeros(bad.get("a_idx", (16,)), jnp.int32)
+  b_idx = bad.get("b_idx", jnp.zeros((16,), jnp.int32))
+  offs = jnp.array([0, 4, 8, 8, 12], jnp.int32)
+  with pytest.raises(ValueError, match=match):
+    ops.gathered_varlen_k(a, a_idx, b, b_idx, offs, config=bad.get("config"))
+
+
+def test_ffi_kernels_wgrad_gather_switch():
+  assert FfiKernels().wgrad_gather is False  # opt-in until a GPU run measures it
+  assert FfiKernels(wgrad_gather=True) != FfiKernels()
+  assert "wgrad_gather=True" in repr(FfiKernels(wgrad_gather=True))
+  with pytest.raises(ValueError, match="wgrad_gather must be a bool"):
+    FfiKernels(wgrad_gather="yes")
+  from sonic_jax.bench.variants import kernels_for
+  assert kernels_for("ffi:fused-gather:wgrad-gather") == FfiKernels(fused_gather=True,
+                                                                    wgrad_gather=True)
+
+
 def test_grouped_gemm_refuses_gather_kinds():
   a = jnp.zeros((16, 32), jnp.bfloat16)
   with pytest.raises(ValueError, match="VARLEN_M_GATHER_NT_F32 gathers its A rows"):
     ops.grouped_gemm(a, jnp.zeros((4, 64, 32), jnp.bfloat16), jnp.zeros((5,), jnp.int32),
                      GemmKind.VARLEN_M_GATHER_NT_F32)
+  with pytest.raises(ValueError, match="VARLEN_K_GATHER_BF16 reads rows through indices"):
+    ops.grouped_gemm(a, a, jnp.zeros((5,), jnp.int32), GemmKind.VARLEN_K_GATHER_BF16)
   with pytest.raises(ValueError, match="VARLEN_M_GATHER_SWIGLU has a fused epilogue"):
     ops.grouped_gemm(a, jnp.zeros((4, 32, 64), jnp.bfloat16), jnp.zeros((5,), jnp.int32),
                      GemmKind.VARLEN_M_GATHER_SWIGLU)
@@ -543,6 +580,8 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                                                       gather_schedule="noinc"),
                    "fused_epilogue_cp_async": FfiKernels(fused_epilogue=True,
                                                          gather_schedule="cp_async"),
+                   "wgrad_gather": FfiKernels(wgrad_gather=True),
+                   "all_gathers_fused": FfiKernels(fused_gather=True, wgrad_gather=True),
                    # sonic_jax.mixed: entry points of both GPU backends in one step.
                    "mixed_pallas_base": MixedKernels(PallasKernels(), dx_pairs=FfiKernels(),
                                                      dw1=FfiKernels(), combine=FfiKernels()),
@@ -834,6 +873,79 @@ def test_gathered_gemm_zero_rows_and_out_of_range_indices():
   rows = _rows(plan)
   rows[0] = False
   assert _rel(got, _gather_reference(src, plan, b, kind), rows) < GATHER_TOL
+
+
+# ------------------------------------------------- GPU: gathered varlen-K (dW1 / dW2, issue #5)
+
+def _wgrad_reference(a, a_idx, b, b_idx, offs) -> np.ndarray:
+  """float64 Σ_{p in e} a[ia(p)]ᵀ ⊗ b[ib(p)] per group; out-of-range indices read zero rows."""
+  def rows(x, idx, count):
+    x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    if idx is None:
+      return x[:count]
+    idx = np.asarray(idx)[:count]
+    ok = (idx >= 0) & (idx < x.shape[0])
+    return np.where(ok[:, None], x[np.clip(idx, 0, x.shape[0] - 1)], 0.0)
+  offs = np.asarray(offs)
+  ra, rb = rows(a, a_idx, offs[-1]), rows(b, b_idx, offs[-1])
+  return np.stack([ra[offs[e]:offs[e + 1]].T @ rb[offs[e]:offs[e + 1]]
+                   for e in range(len(offs) - 1)])
+
+
+def _wgrad_problem(case: str, which: str):
+  """(a, a_idx, b, b_idx, offsets): dW1-like (a = x gathered, b = dH), dW2-like (a = A', b = dO
+  gathered) or both operands gathered."""
+  if case == "ragged":  # P = 999, M = 200 and N = 136 off the 128 x 256 tile, E = 5
+    t, m, nn, e = 333, 200, 136, 5
+    plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
+  else:
+    t, m, nn, e = T, D, 2 * N, E
+    plan = _plans(T, E)[case]
+  ks = jax.random.split(jax.random.key(29), 2)
+  p = plan.capacity
+  a_rows = t if which in ("dw1", "both") else p
+  b_rows = t if which in ("dw2", "both") else p
+  a = jax.random.normal(ks[0], (a_rows, m), jnp.bfloat16)
+  b = jax.random.normal(ks[1], (b_rows, nn), jnp.bfloat16)
+  a_idx = plan.gather_idx if which in ("dw1", "both") else None
+  b_idx = plan.gather_idx if which in ("dw2", "both") else None
+  return a, a_idx, b, b_idx, plan.group_offsets
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["dw1", "dw2", "both"])
+@pytest.mark.parametrize("case", ROUTINGS + ["ragged"])
+def test_gathered_varlen_k_matches_fp64_reference(case, which):
+  """Empty experts give zeros (empty_experts), one group with every row (one_expert), groups
+  straddling 64-row K blocks (topk), padded capacity (token_rounding), M / N / P off the tile."""
+  a, a_idx, b, b_idx, offs = _wgrad_problem(case, which)
+  got = jax.jit(ops.gathered_varlen_k)(a, a_idx, b, b_idx, offs)
+  want = _wgrad_reference(a, a_idx, b, b_idx, offs)
+  assert got.dtype == jnp.bfloat16 and got.shape == want.shape
+  assert _rel(got, want) < GATHER_TOL, (case, which)
+  empty = np.diff(np.asarray(offs)) == 0
+  assert np.all(np.asarray(got, np.float32)[empty] == 0)
+  # The same as the TMA varlen-K GEMM on the pre-gathered rows.
+  if which != "both":
+    ga = a if a_idx is None else ops.gather_rows(a, a_idx, offs)
+    gb = b if b_idx is None else ops.gather_rows(b, b_idx, offs)
+    plain = jax.jit(lambda x, y, o: ops.grouped_gemm(x, y, o, GemmKind.VARLEN_K_BF16))(ga, gb, offs)
+    assert _rel(got, plain) < GATHER_TOL, (case, which)
+
+
+@pytest.mark.gpu
+def test_gathered_varlen_k_is_deterministic_and_reads_zero_rows_out_of_range():
+  a, a_idx, b, b_idx, offs = _wgrad_problem("topk", "dw1")
+  f = jax.jit(ops.gathered_varlen_k)
+  first = np.asarray(f(a, a_idx, b, b_idx, offs))
+  for _ in range(3):
+    assert np.array_equal(first, np.asarray(f(a, a_idx, b, b_idx, offs)))
+  bad = a_idx.at[0].set(a.shape[0] + 5).at[1].set(-3)
+  got = f(a, bad, b, b_idx, offs)
+  assert _rel(got, _wgrad_reference(a, bad, b, b_idx, offs)) < GATHER_TOL
+  # No rows at all: every group empty, all zeros.
+  zero = f(a, a_idx, b, b_idx, jnp.zeros_like(offs))
+  assert np.all(np.asarray(zero, np.float32) == 0)
 
 
 @pytest.mark.gpu

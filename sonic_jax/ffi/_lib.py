@@ -16,6 +16,7 @@ TARGETS = {
     "sonic_jax_scatter_rows": "SonicScatterRows",
     "sonic_jax_grouped_gemm": "SonicGroupedGemm",
     "sonic_jax_gathered_grouped_gemm": "SonicGatheredGroupedGemm",
+    "sonic_jax_gathered_varlen_k": "SonicGatheredVarlenK",
     "sonic_jax_up_proj_swiglu": "SonicUpProjSwiglu",
     "sonic_jax_dh_dswiglu": "SonicDhDSwiglu",
     "sonic_jax_swiglu_ha": "SonicSwigluHA",
@@ -25,7 +26,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 
 def _search_dirs() -> list[pathlib.Path]:

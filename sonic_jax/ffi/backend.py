@@ -69,6 +69,10 @@ class FfiKernels(ExpertKernels):
   noinc publication). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 /
   4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM 7.04 and 4.09); the
   layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session 18).
+  wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
+  (``ops.gathered_varlen_k``, cp.async 128 x 256) instead of from scatter_rows' (P, d) copy; with
+  ``fused_gather`` no (P, d) copy of x or dO is made in a training step. Opt-in: built in
+  session 19, correct and fast only once a GPU run has shown it (docs/ffi.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -81,7 +85,8 @@ class FfiKernels(ExpertKernels):
 
   def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
-               dswiglu: str = "block", gather_schedule: str = "tma_b"):
+               dswiglu: str = "block", gather_schedule: str = "tma_b",
+               wgrad_gather: bool = False):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
@@ -92,7 +97,8 @@ class FfiKernels(ExpertKernels):
                        f"{gather_schedule!r}")
     if dswiglu not in ("block", "warp"):
       raise ValueError(f"dswiglu must be 'block' or 'warp', got {dswiglu!r}")
-    for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last)):
+    for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last),
+                   ("wgrad_gather", wgrad_gather)):
       if not isinstance(v, bool):
         raise ValueError(f"{arg} must be a bool, got {v!r}")
     if row_gather not in ("gather", "scatter"):
@@ -103,10 +109,11 @@ class FfiKernels(ExpertKernels):
     self.fused_epilogue = fused_epilogue
     self.dswiglu = dswiglu
     self.gather_schedule = gather_schedule
+    self.wgrad_gather = wgrad_gather
 
   def _key(self):
     return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
-            self.dswiglu, self.gather_schedule)
+            self.dswiglu, self.gather_schedule, self.wgrad_gather)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -119,7 +126,8 @@ class FfiKernels(ExpertKernels):
   def __repr__(self):
     return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
-            f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r})")
+            f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r}, "
+            f"wgrad_gather={self.wgrad_gather})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -190,6 +198,8 @@ class FfiKernels(ExpertKernels):
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets
+    if self.wgrad_gather:
+      return ops.gathered_varlen_k(a_prime, None, dout, plan.gather_idx, offs)
     dog = self._rows(dout, plan)
     return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
 
@@ -198,5 +208,7 @@ class FfiKernels(ExpertKernels):
 
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
+    if self.wgrad_gather:
+      return ops.gathered_varlen_k(x, plan.gather_idx, dh, None, offs)
     xg = self._rows(x, plan)
     return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)

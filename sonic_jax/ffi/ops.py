@@ -49,6 +49,8 @@ def grouped_gemm(a: jax.Array, b: jax.Array, group_offsets: jax.Array, kind: Gem
     raise ValueError(f"kind {kind.name} gathers its A rows: call gathered_grouped_gemm")
   if kind in FUSED_EPILOGUE_KINDS:
     raise ValueError(f"kind {kind.name} has a fused epilogue: call up_proj_swiglu or dh_dswiglu")
+  if kind == GemmKind.VARLEN_K_GATHER_BF16:
+    raise ValueError(f"kind {kind.name} reads rows through indices: call gathered_varlen_k")
   num_groups = group_offsets.shape[0] - 1
   if kind in schedules.VARLEN_K_KINDS:
     out_shape = (num_groups, a.shape[1], b.shape[1])
@@ -110,6 +112,48 @@ def gathered_grouped_gemm(src: jax.Array, gather_idx: jax.Array, b: jax.Array,
                   jax.ShapeDtypeStruct((ws,), jnp.uint8)),
                  src, gather_idx.astype(jnp.int32), b, group_offsets.astype(jnp.int32),
                  kind=np.int32(int(kind)), config=np.int32(int(config)))
+  return out
+
+
+def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
+                      b_idx: jax.Array | None, group_offsets: jax.Array,
+                      config: GemmConfig | int | None = None) -> jax.Array:
+  """Varlen-K grouped GEMM (weight gradients) reading either operand's rows through an index.
+
+  a (Ta, M) bf16, b (Tb, N) bf16, a_idx / b_idx (P,) int or None (row p itself; the operand then
+  has P rows), group_offsets (E + 1,) -> (E, M, N) bf16 with
+  out[e] = Σ_{p in group e} a[a_idx[p]]ᵀ ⊗ b[b_idx[p]] (fp32 accumulation); empty groups give
+  zeros, indices outside the operand read zero rows. dW1 = gathered_varlen_k(x, gather_idx, dH,
+  None, ...), dW2 = gathered_varlen_k(A', None, dO, gather_idx, ...): no (P, d) gathered copy.
+  """
+  kind = GemmKind.VARLEN_K_GATHER_BF16
+  if a.ndim != 2 or b.ndim != 2 or group_offsets.ndim != 1:
+    raise ValueError(f"need a (Ta, M), b (Tb, N), group_offsets (E+1,); got a {a.shape}, "
+                     f"b {b.shape}, group_offsets {group_offsets.shape}")
+  rows = []
+  for arg, arr, idx in (("a", a, a_idx), ("b", b, b_idx)):
+    if arr.dtype != _BF16:
+      raise ValueError(f"{arg} must be bf16, got {arr.dtype}")
+    if idx is not None and (idx.ndim != 1 or idx.shape[0] == 0):
+      raise ValueError(f"{arg}_idx must be None or a non-empty (P,) index, got {idx.shape}")
+    rows.append(arr.shape[0] if idx is None else idx.shape[0])
+  if rows[0] != rows[1]:
+    raise ValueError(f"a and b must cover as many grouped rows (through their index, else their "
+                     f"own rows), got {rows[0]} and {rows[1]}")
+  m, n = a.shape[1], b.shape[1]
+  if m % 8 or n % 8:
+    raise ValueError(f"M = a.shape[1] and N = b.shape[1] must be multiples of 8 (16-byte "
+                     f"cp.async chunks), got M={m}, N={n}")
+  num_groups = group_offsets.shape[0] - 1
+  config = schedules.check(kind, schedules.pick(kind, m, n) if config is None else config)
+  ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
+  none = jnp.zeros((0,), jnp.int32)
+  out, _ = _call("sonic_jax_gathered_varlen_k",
+                 (jax.ShapeDtypeStruct((num_groups, m, n), _BF16),
+                  jax.ShapeDtypeStruct((ws,), jnp.uint8)),
+                 a, none if a_idx is None else a_idx.astype(jnp.int32), b,
+                 none if b_idx is None else b_idx.astype(jnp.int32),
+                 group_offsets.astype(jnp.int32), config=np.int32(int(config)))
   return out
 
 

@@ -25,6 +25,9 @@ class GemmKind(enum.IntEnum):
   # The gathered GEMM with the SwiGLU epilogues fused (ops.up_proj_swiglu / ops.dh_dswiglu).
   VARLEN_M_GATHER_SWIGLU = 8   # up_proj: H (P, 2n) and A (P, n) from src[idx] · W1_e
   VARLEN_M_GATHER_DSWIGLU = 9  # dh: dH, A' and dS from dO[idx] · W2_eᵀ
+  # Varlen-K with the rows of either operand read through an index (ops.gathered_varlen_k):
+  # dW1 from x[idx] and dH, dW2 from A' and dO[idx]; bf16 out.
+  VARLEN_K_GATHER_BF16 = 10
 
 
 VARLEN_K_KINDS = (GemmKind.VARLEN_K_F32, GemmKind.VARLEN_K_BF16)
@@ -76,6 +79,7 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
+    GemmKind.VARLEN_K_GATHER_BF16: (GemmConfig.GATHER_COOP_128x256,),
 }
 
 # Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
@@ -101,6 +105,8 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     # epilogues fused: 36.13 ms under tma_b's fused gather vs 39.64 under cp_async).
     GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
+    # The only schedule built (session 19; not yet run on a GPU).
+    GemmKind.VARLEN_K_GATHER_BF16: GemmConfig.GATHER_COOP_128x256,
 }
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:

@@ -1,0 +1,323 @@
+// Varlen-K grouped GEMM (the weight gradients) whose operand rows may be read through a row
+// index inside the mainloop, so that no (P, d) gathered copy of x or dO is made:
+//   D_e (M, N) = Σ_{p in group e} A[ia(p), :]ᵀ ⊗ B[ib(p), :],  p in [group_offsets[e], [e+1]),
+// with ia = a_idx (or the identity when a_idx is null) and ib likewise. dW1_e = x[idx]ᵀ · dH
+// (A = x gathered, M = d, N = 2n) and dW2_e = A'ᵀ · dO[idx] (B = dO gathered, M = n, N = d).
+// The reduction runs over each group's rows, so both operands are MN-major in shared memory
+// (M or N contiguous): one producer warpgroup moves 16-byte chunks of 8 M (N) columns of one row
+// with cp.async (zero-fill past the group end, past M / N, and for indices outside the source)
+// into the stages of CUTLASS's cp.async GMMA mainloop, whose `mma` runs on two consumer
+// warpgroups, as gather_gemm.cuh does for the varlen-M kinds (same publication: LagPublisher).
+// Tiles are (expert, M block, N block) with N blocks fastest and experts slowest, so the CTAs
+// running at once share one expert's rows in L2; a persistent grid walks them. Empty experts
+// (no rows) store zeros without a mainloop. Deterministic: one CTA owns each output tile.
+#pragma once
+
+#include "gather_gemm.cuh"
+
+namespace sonic {
+namespace gather {
+
+// Publication of filled cp.async stages as GatherGemm::Publisher does it (kept separate: moving
+// that one out of GatherGemm changed ptxas' register allocation of the gather kernels, which
+// then spilled): a stage is published kLag stages after it was issued, once this thread's
+// copies of it landed and were fenced against the async proxy.
+template <class Pipeline, class PipeState, int kLag>
+struct LagPublisher {
+  PipeState next;   // oldest filled stage not yet published
+  int pending = 0;  // filled stages not yet published
+
+  __device__ void filled(Pipeline& pipe) {
+    cute::cp_async_fence();
+    if (++pending > kLag) {
+      cute::cp_async_wait<kLag>();
+      cutlass::arch::fence_view_async_shared();
+      pipe.producer_commit(next);
+      ++next;
+      --pending;
+    }
+  }
+
+  __device__ void flush(Pipeline& pipe) {
+    cute::cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    for (; pending > 0; --pending, ++next) pipe.producer_commit(next);
+  }
+};
+
+template <class Tile>
+struct WgradMainloopOf {
+  using type = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
+      cutlass::layout::ColumnMajor, 8, cutlass::bfloat16_t, cutlass::layout::RowMajor, 8, float,
+      Tile, cute::Shape<cute::_1, cute::_1, cute::_1>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
+};
+
+template <class Out, class Config>
+struct GatherWgrad {
+  using Tile = typename Config::Tile;
+  using OutType = Out;
+  static_assert(!Config::kTmaB && !Config::kNoinc, "cp.async schedules published with a lag only");
+  static constexpr int kBM = cute::size<0>(Tile{});
+  static constexpr int kBN = cute::size<1>(Tile{});
+  static constexpr int kBK = cute::size<2>(Tile{});
+  static constexpr int kChunk = 8;  // bf16 elements per 16-byte cp.async
+  using Mainloop = typename WgradMainloopOf<Tile>::type;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipeState = typename Mainloop::PipelineState;
+  using SmemLayoutA = typename Mainloop::SmemLayoutA;  // (BM, BK, stages), M contiguous
+  using SmemLayoutB = typename Mainloop::SmemLayoutB;  // (BN, BK, stages), N contiguous
+  static constexpr int kLag = 1;
+  static_assert(Pipeline::Stages >= kLag + 2, "too few stages for the publication lag");
+  using Publisher = LagPublisher<Pipeline, PipeState, kLag>;
+
+  static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kMmaThreads = cute::size(TiledMma{});
+  static_assert(kMmaThreads == 2 * cutlass::NumThreadsPerWarpGroup, "two consumer warpgroups");
+  static constexpr int kThreads = kProducerThreads + kMmaThreads;
+  // A thread owns one 16-byte chunk column of every (128 / chunks-per-row)-th row of a stage.
+  static constexpr int kAChunks = kBM / kChunk, kAStep = kProducerThreads / kAChunks;
+  static constexpr int kBChunks = kBN / kChunk, kBStep = kProducerThreads / kBChunks;
+  static_assert(kProducerThreads % kAChunks == 0 && kBK % kAStep == 0);
+  static_assert(kProducerThreads % kBChunks == 0 && kBK % kBStep == 0);
+  static constexpr int kAIters = kBK / kAStep, kBIters = kBK / kBStep;
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+
+  struct Params {
+    const Bf16* a;                 // (a_rows, M)
+    const int32_t* a_idx;          // (P,) or null: row p of a
+    const Bf16* b;                 // (b_rows, N)
+    const int32_t* b_idx;          // (P,) or null: row p of b
+    Out* d;                        // (E, M, N)
+    const int32_t* group_offsets;  // (E + 1,)
+    int num_groups, m, n, m_tiles, n_tiles;
+    int64_t a_rows, b_rows;        // indices outside [0, rows) read as zero rows
+  };
+
+  struct TileCoord {
+    int e, m0, n0, row_begin, row_end;
+  };
+
+  static __device__ TileCoord locate(const Params& p, int tile) {
+    const int per_expert = p.m_tiles * p.n_tiles;
+    const int e = tile / per_expert, local = tile - e * per_expert;
+    const int m_blk = local / p.n_tiles;
+    return {e, m_blk * kBM, (local - m_blk * p.n_tiles) * kBN, __ldg(p.group_offsets + e),
+            __ldg(p.group_offsets + e + 1)};
+  }
+
+  static __device__ int k_tiles_of(const TileCoord& tc) {
+    return max(tc.row_end - tc.row_begin, 0) / kBK +
+           (max(tc.row_end - tc.row_begin, 0) % kBK != 0 ? 1 : 0);
+  }
+
+  // Source row of grouped row `row` (-1: zero-fill): past the group end, or an index outside
+  // the source.
+  static __device__ __forceinline__ int64_t src_row(const int32_t* idx, int64_t rows, int row,
+                                                    int row_end) {
+    if (row >= row_end) return -1;
+    const int64_t r = idx != nullptr ? __ldg(idx + row) : row;
+    return r >= 0 && r < rows ? r : -1;
+  }
+
+  // Producer warpgroup: one stage per K block of the group's rows; A (rows x M block) and B
+  // (rows x N block), each row as 16-byte chunks along M / N.
+  static __device__ void load_tile(const Params& p, const TileCoord& tc, int k_tiles,
+                                   Pipeline& pipe, PipeState& state, Publisher& pub,
+                                   typename Mainloop::TensorStorage& smem, int tid) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
+    const int a_col = (tid % kAChunks) * kChunk, a_k = tid / kAChunks;
+    const int b_col = (tid % kBChunks) * kChunk, b_k = tid / kBChunks;
+    const bool a_col_ok = tc.m0 + a_col < p.m, b_col_ok = tc.n0 + b_col < p.n;
+    const Bf16* a_base = p.a + tc.m0 + a_col;
+    const Bf16* b_base = p.b + tc.n0 + b_col;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      pipe.producer_acquire(state);
+      const int stage = state.index();
+      const int row0 = tc.row_begin + kt * kBK;
+#pragma unroll 4
+      for (int i = 0; i < kAIters; ++i) {
+        const int k = a_k + i * kAStep;
+        const int64_t r = a_col_ok ? src_row(p.a_idx, p.a_rows, row0 + k, tc.row_end) : -1;
+        cp_async_16(&sA(a_col, k, stage), r >= 0 ? a_base + r * p.m : p.a, r >= 0);
+      }
+#pragma unroll 4
+      for (int i = 0; i < kBIters; ++i) {
+        const int k = b_k + i * kBStep;
+        const int64_t r = b_col_ok ? src_row(p.b_idx, p.b_rows, row0 + k, tc.row_end) : -1;
+        cp_async_16(&sB(b_col, k, stage), r >= 0 ? b_base + r * p.n : p.b, r >= 0);
+      }
+      pub.filled(pipe);
+      ++state;
+    }
+  }
+
+  // Host check: a 16-byte chunk (8 consecutive M or N elements of one k) must be 8 consecutive,
+  // 16-byte aligned elements of the swizzled stage for cp_async_16 to fill it.
+  template <class Layout>
+  static bool chunks_contiguous(int mn) {
+    using namespace cute;
+    const size_t elems = size_t(cosize(Layout{}));
+    void* buf = std::aligned_alloc(1024, (elems * sizeof(Bf16) + 1023) / 1024 * 1024);
+    if (buf == nullptr) return false;
+    Bf16* base = static_cast<Bf16*>(buf);
+    Tensor s = make_tensor(make_smem_ptr(base), Layout{});
+    bool ok = true;
+    for (int st = 0; ok && st < int(size<2>(s)); ++st) {
+      for (int k = 0; ok && k < kBK; ++k) {
+        for (int c = 0; ok && c < mn; c += kChunk) {
+          const Bf16* first = &s(c, k, st);
+          ok = (first - base) % kChunk == 0;
+          for (int j = 1; ok && j < kChunk; ++j) ok = &s(c + j, k, st) == first + j;
+        }
+      }
+    }
+    std::free(buf);
+    return ok;
+  }
+
+  // ... and `store` writes column pairs: each thread's accumulators (i, i + 1), i even, must be
+  // (r, c) and (r, c + 1) with c even.
+  static bool pairs_ok() {
+    using namespace cute;
+    for (int t = 0; t < kMmaThreads; ++t) {
+      Tensor coord = TiledMma{}.get_slice(t).partition_C(
+          make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+      for (int i = 0; i + 1 < int(size(coord)); i += 2) {
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        if (c % 2 != 0 || get<0>(coord(i + 1)) != r || get<1>(coord(i + 1)) != c + 1) return false;
+      }
+    }
+    return true;
+  }
+
+  static bool layout_ok() {
+    return chunks_contiguous<SmemLayoutA>(kBM) && chunks_contiguous<SmemLayoutB>(kBN) &&
+           pairs_ok();
+  }
+
+  // D_e's (BM, BN) tile at d (leading dimension ld) from the accumulators; rows >= rows and
+  // columns >= cols are not written. Column pairs as one 4-byte store (ld, c even).
+  template <class Accum>
+  static __device__ void store(Out* d, int64_t ld, int rows, int cols, const Accum& acc,
+                               int mma_tid) {
+    using namespace cute;
+    Tensor coord = TiledMma{}.get_slice(mma_tid).partition_C(
+        make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r >= rows || c >= cols) continue;  // cols % 8 == 0, c even: c + 1 < cols too
+      Out* dst = d + int64_t(r) * ld + c;
+      if constexpr (cute::is_same_v<Out, float>) {
+        *reinterpret_cast<float2*>(dst) = make_float2(acc(i), acc(i + 1));
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(acc(i), acc(i + 1));
+      }
+    }
+  }
+
+  static __device__ void run(const Params& p, char* smem_buf) {
+    using namespace cute;
+    auto& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int wg = cutlass::canonical_warp_group_idx();
+    typename Pipeline::Params pp;
+    pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pp.producer_arv_count = kProducerThreads;
+    pp.consumer_arv_count = kMmaThreads;
+    Pipeline pipe(smem.pipeline, pp);
+    __syncthreads();  // barrier initialisation visible to every warpgroup
+
+    const int total = p.num_groups * p.m_tiles * p.n_tiles;
+    if (wg == 0) {
+      PipeState state = cutlass::make_producer_start_state<Pipeline>();
+      Publisher pub{state};
+      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        const TileCoord tc = locate(p, tile);
+        load_tile(p, tc, k_tiles_of(tc), pipe, state, pub, smem.tensors, threadIdx.x);
+      }
+      pub.flush(pipe);
+      pipe.producer_tail(state);
+    } else {
+      PipeState state;
+      const int mma_tid = threadIdx.x - kProducerThreads;
+      for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        const int k_tiles = k_tiles_of(locate(p, tile));
+        auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
+        if (k_tiles > 0) {
+          Mainloop mainloop;
+          const typename Mainloop::Params unused{};  // the consumer half reads no parameter
+          mainloop.mma(pipe, state, acc, k_tiles, mma_tid, smem.tensors, unused);
+          mainloop.mma_tail(pipe, state, k_tiles);
+          state.advance(k_tiles);
+        } else {
+          clear(acc);  // an empty expert's gradient is zero
+        }
+        // Only the epilogue needs the tile's coordinates: locate it again after the mainloop.
+        const TileCoord tc = locate(p, tile);
+        Out* d = p.d + (int64_t(tc.e) * p.m + tc.m0) * p.n + tc.n0;
+        store(d, p.n, p.m - tc.m0, p.n - tc.n0, acc, mma_tid);
+      }
+    }
+  }
+};
+
+template <class G>
+__global__ void __launch_bounds__(G::kThreads, 1)
+    gather_wgrad_kernel(const __grid_constant__ typename G::Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem_buf[];
+  G::run(p, smem_buf);
+#endif
+}
+
+template <class G>
+struct WgradLauncher {
+  using Gemm = G;
+  static size_t workspace_bytes(int) { return kWsAlign; }  // unused; keeps the FFI contract
+
+  static std::string run(const GroupedGemmParams& p, const int32_t* a_idx, const int32_t* b_idx,
+                         int64_t a_rows, int64_t b_rows, cudaStream_t stream) {
+    if (p.num_groups < 1) return "need at least one group";
+    static const bool layout_checked = G::layout_ok();
+    if (!layout_checked) return "shared-memory layout differs from what the producer writes";
+    typename G::Params kp{};
+    kp.a = static_cast<const Bf16*>(p.a);
+    kp.a_idx = a_idx;
+    kp.b = static_cast<const Bf16*>(p.b);
+    kp.b_idx = b_idx;
+    kp.d = static_cast<typename G::OutType*>(p.d);
+    kp.group_offsets = p.group_offsets;
+    kp.num_groups = p.num_groups;
+    kp.m = p.m;
+    kp.n = p.n;
+    kp.m_tiles = (p.m + G::kBM - 1) / G::kBM;
+    kp.n_tiles = (p.n + G::kBN - 1) / G::kBN;
+    kp.a_rows = a_rows;
+    kp.b_rows = b_rows;
+    auto kernel = gather_wgrad_kernel<G>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           G::kSmemBytes);
+    if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
+    const int64_t tiles = int64_t(p.num_groups) * kp.m_tiles * kp.n_tiles;
+    if (tiles >= (int64_t(1) << 31)) return "too many output tiles";
+    const int grid = static_cast<int>(tiles < sm_count() ? tiles : sm_count());
+    kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return std::string("gathered varlen-K launch: ") + cudaGetErrorString(err);
+    return {};
+  }
+};
+
+}  // namespace gather
+}  // namespace sonic
