@@ -10,12 +10,15 @@ using WgradBf16 = gather::WgradLauncher<gather::GatherWgrad<cutlass::bfloat16_t,
 }  // namespace detail
 using namespace detail;
 
-// Only the cp.async 128 x 256 schedule (config 5) is instantiated.
+// Two schedules: both operands by cp.async (5), or B by TMA multicast over a 2 x 1 cluster (6;
+// B must not be gathered: dW1's dH).
 template <class Fn>
 static bool dispatch_wgrad(int config, Fn fn) {
-  if (config != static_cast<int>(GemmConfig::kGatherCoop128x256)) return false;
-  fn(WgradBf16<gather::GatherCoop128x256>{});
-  return true;
+  switch (config) {
+    case 5: fn(WgradBf16<gather::GatherCoop128x256>{}); return true;
+    case 6: fn(WgradBf16<gather::GatherTmaB128x256C2x1>{}); return true;
+    default: return false;
+  }
 }
 
 size_t varlen_k_gather_workspace_bytes(int config, int num_groups) {
@@ -36,8 +39,9 @@ std::string run_varlen_k_gather(int config, const GroupedGemmParams& p, const in
 
 bool varlen_k_gather_layouts_ok() {
   bool ok = true;
-  dispatch_wgrad(static_cast<int>(GemmConfig::kGatherCoop128x256),
-                 [&](auto g) { ok = decltype(g)::Gemm::layout_ok(); });
+  for (int config : {5, 6}) {
+    dispatch_wgrad(config, [&](auto g) { ok = ok && decltype(g)::Gemm::layout_ok(); });
+  }
   return ok;
 }
 

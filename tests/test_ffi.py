@@ -180,8 +180,9 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
     assert got == want, (path, kind, got, want)
   # The gathered varlen-K TU builds one schedule, not through a case switch.
   body = (CSRC / "gemm_varlen_k_gather.cu").read_text()
-  assert schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16] == (GemmConfig.GATHER_COOP_128x256,)
-  assert "GemmConfig::kGatherCoop128x256" in body and "WgradBf16<gather::GatherCoop128x256>" in body
+  got = [(int(i), name) for i, name in re.findall(r"case (\d): fn\(WgradBf16<gather::(\w+)>", body)]
+  assert got == [(int(c), names[c.value])
+                 for c in schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]], got
   # Every default and measured pick is instantiated.
   for kind, cfg in schedules.DEFAULT.items():
     assert cfg in schedules.INSTANTIATED[kind]
@@ -263,8 +264,10 @@ def test_gathered_grouped_gemm_rejects_bad_arguments(bad, match):
     (dict(a_idx=(0,)), "a_idx must be None or a non-empty \\(P,\\) index"),
     (dict(b_idx=None), "as many grouped rows .* got 16 and 12"),
     (dict(b=(12, 60)), "multiples of 8 .* N=60"),
-    (dict(config=GemmConfig.GATHER_TMA_B_128x256_C2x1),
-     "config must be one of \\['GATHER_COOP_128x256'\\] for VARLEN_K_GATHER_BF16, got 6"),
+    (dict(config=GemmConfig.GATHER_TMA_B_128x256_C2x1), "TMA: b_idx must be None"),
+    (dict(config=GemmConfig.GATHER_NOINC_128x256),
+     "config must be one of \\['GATHER_COOP_128x256', 'GATHER_TMA_B_128x256_C2x1'\\] for "
+     "VARLEN_K_GATHER_BF16, got 7"),
 ])
 def test_gathered_varlen_k_rejects_bad_arguments(bad, match):
   a = jnp.zeros((20, 32), bad.get("a_dtype", jnp.bfloat16))
@@ -895,8 +898,8 @@ def _wgrad_reference(a, a_idx, b, b_idx, offs) -> np.ndarray:
 def _wgrad_problem(case: str, which: str):
   """(a, a_idx, b, b_idx, offsets): dW1-like (a = x gathered, b = dH), dW2-like (a = A', b = dO
   gathered) or both operands gathered."""
-  if case == "ragged":  # P = 999, M = 200 and N = 136 off the 128 x 256 tile, E = 5
-    t, m, nn, e = 333, 200, 136, 5
+  if case == "ragged":  # P = 999, M = 328 (3 M blocks: an odd cluster pair) and N = 136 off
+    t, m, nn, e = 333, 328, 136, 5  # the 128 x 256 tile, E = 5
     plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
   else:
     t, m, nn, e = T, D, 2 * N, E
@@ -909,17 +912,31 @@ def _wgrad_problem(case: str, which: str):
   b = jax.random.normal(ks[1], (b_rows, nn), jnp.bfloat16)
   a_idx = plan.gather_idx if which in ("dw1", "both") else None
   b_idx = plan.gather_idx if which in ("dw2", "both") else None
+  # Rows past the groups (token-rounding padding) may hold anything, NaN included: the kernel
+  # must not let them reach the product (TMA reads them with the last block of the last group).
+  live = int(plan.group_offsets[-1])
+  if a_idx is None:
+    a = a.at[live:].set(jnp.nan)
+  if b_idx is None:
+    b = b.at[live:].set(jnp.nan)
   return a, a_idx, b, b_idx, plan.group_offsets
 
 
+_WGRAD_CASES = [("dw1", GemmConfig.GATHER_TMA_B_128x256_C2x1), ("dw1", GemmConfig.GATHER_COOP_128x256),
+                ("dw2", GemmConfig.GATHER_COOP_128x256), ("both", GemmConfig.GATHER_COOP_128x256)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("which", ["dw1", "dw2", "both"])
+@pytest.mark.parametrize("which, config", _WGRAD_CASES,
+                         ids=[f"{w}-{c.name}" for w, c in _WGRAD_CASES])
 @pytest.mark.parametrize("case", ROUTINGS + ["ragged"])
-def test_gathered_varlen_k_matches_fp64_reference(case, which):
+def test_gathered_varlen_k_matches_fp64_reference(case, which, config):
   """Empty experts give zeros (empty_experts), one group with every row (one_expert), groups
-  straddling 64-row K blocks (topk), padded capacity (token_rounding), M / N / P off the tile."""
+  straddling 64-row K blocks (topk), NaN padding rows after the groups (token_rounding),
+  M / N / P off the tile and an odd number of M blocks (ragged)."""
   a, a_idx, b, b_idx, offs = _wgrad_problem(case, which)
-  got = jax.jit(ops.gathered_varlen_k)(a, a_idx, b, b_idx, offs)
+  got = jax.jit(lambda *args: ops.gathered_varlen_k(*args, config=config))(a, a_idx, b, b_idx,
+                                                                          offs)
   want = _wgrad_reference(a, a_idx, b, b_idx, offs)
   assert got.dtype == jnp.bfloat16 and got.shape == want.shape
   assert _rel(got, want) < GATHER_TOL, (case, which)
