@@ -13,13 +13,15 @@
 // (no rows) store zeros without a mainloop. Deterministic: one CTA owns each output tile.
 //
 // Schedules: config 5 (GatherCoop128x256), both operands by cp.async as above; config 6
-// (GatherTmaB128x256C2x1, B not gathered: dW1's dH) loads B's rows by TMA multicast over a 2 x 1
-// cluster whose CTAs take neighbouring M blocks of one expert and the same N block (each reads
-// half of the B tile from L2), A by cp.async published with noinc arrivals, as gather_gemm.cuh's
-// kTmaB schedule. TMA cannot stop at the group end: the last K block of a group also brings the
-// rows after it (the next group's, finite, or token-rounding padding, which may hold anything),
-// so before that block's wgmmas the consumers overwrite B's rows past the group end with zeros
-// (A's are zero-filled by cp.async; 0 · NaN would be NaN).
+// (GatherTmaB128x256C2x1) loads the operand that is not gathered (kTmaSide: B for dW1's dH, A
+// for dW2's A') by TMA multicast over a 2-CTA cluster whose CTAs take neighbouring blocks of
+// the other operand (M blocks when B is shared, N blocks when A is) of one expert, so each reads
+// half of the shared tile from L2; the gathered operand by cp.async published with noinc
+// arrivals, as gather_gemm.cuh's kTmaB schedule. TMA cannot stop at the group end: the last K
+// block of a group also brings the rows after it (the next group's, finite, or token-rounding
+// padding, which may hold anything), so before that block's wgmmas the consumers overwrite the
+// TMA operand's rows past the group end with zeros (the gathered operand's are zero-filled by
+// cp.async; 0 · NaN would be NaN).
 #pragma once
 
 #include "gather_gemm.cuh"
@@ -55,9 +57,10 @@ struct LagPublisher {
 };
 
 // The CUTLASS collective whose stage layouts, pipeline and (cp.async) consumer half the kernel
-// uses: MN-major A (ColumnMajor (M, K)) and B (RowMajor (K, N)); the TMA one of a 2 x 1 cluster
-// for kTmaB (its PipelineTmaAsync releases a stage to both CTAs' producers).
-template <bool kTmaB, class Tile>
+// uses: MN-major A (ColumnMajor (M, K)) and B (RowMajor (K, N)); the TMA one of a 2-CTA cluster
+// with kTma (its PipelineTmaAsync releases a stage to both CTAs' producers; the cluster is
+// launched along x whichever operand the two CTAs share).
+template <bool kTma, class Tile>
 struct WgradMainloopOf {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
@@ -76,18 +79,21 @@ struct WgradMainloopOf<true, Tile> {
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 };
 
-template <class Out, class Config>
+// kTmaSide: 0 (config 5: both operands by cp.async), 1 (config 6, A by TMA: a_idx must be
+// null) or 2 (config 6, B by TMA: b_idx must be null).
+template <class Out, class Config, int kTmaSide>
 struct GatherWgrad {
   using Tile = typename Config::Tile;
   using OutType = Out;
-  static constexpr bool kTmaB = Config::kTmaB;
-  static_assert(kTmaB == Config::kNoinc, "cp.async with a lag (5) or TMA B with noinc A (6)");
-  static constexpr int kClusterM = kTmaB ? 2 : 1;  // CTAs sharing one B tile (neighbouring M)
+  static constexpr bool kTmaA = kTmaSide == 1, kTmaB = kTmaSide == 2, kTma = kTmaSide != 0;
+  static_assert(Config::kTmaB == kTma && Config::kNoinc == kTma,
+                "cp.async with a lag (config 5) or one operand by TMA, noinc arrivals (6)");
+  static constexpr int kCluster = kTma ? 2 : 1;  // CTAs sharing the TMA operand's tile
   static constexpr int kBM = cute::size<0>(Tile{});
   static constexpr int kBN = cute::size<1>(Tile{});
   static constexpr int kBK = cute::size<2>(Tile{});
   static constexpr int kChunk = 8;  // bf16 elements per 16-byte cp.async
-  using Mainloop = typename WgradMainloopOf<kTmaB, Tile>::type;
+  using Mainloop = typename WgradMainloopOf<kTma, Tile>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipeState = typename Mainloop::PipelineState;
@@ -107,8 +113,11 @@ struct GatherWgrad {
   static_assert(kProducerThreads % kAChunks == 0 && kBK % kAStep == 0);
   static_assert(kProducerThreads % kBChunks == 0 && kBK % kBStep == 0);
   static constexpr int kAIters = kBK / kAStep, kBIters = kBK / kBStep;
-  static constexpr int kBStageBytes = kBN * kBK * int(sizeof(Bf16));
-  static_assert(!kTmaB || (kBK == 64 && kBN % 128 == 0), "TMA B boxes need BK = 64, BN % 128 == 0");
+  // The TMA operand's tile: kTmaWidth columns (M or N) x BK rows, 64-column boxes, half per CTA.
+  static constexpr int kTmaWidth = kTmaA ? kBM : kBN;
+  static constexpr int kTmaBytes = kTmaWidth * kBK * int(sizeof(Bf16));
+  static_assert(!kTma || (kBK == 64 && kTmaWidth % 128 == 0),
+                "TMA boxes need BK = 64 and a tile width that splits into 64-column halves");
   static_assert(kBM * kBK * int(sizeof(Bf16)) * Pipeline::Stages % 1024 == 0,
                 "B stages must start 1024-byte aligned (128-byte swizzle)");
 
@@ -119,7 +128,7 @@ struct GatherWgrad {
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
   struct Params {
-    cute::TmaDescriptor tma_b;     // kTmaB: b as a 2-D (b_rows, N) tensor, 64-byte aligned
+    cute::TmaDescriptor tma;       // kTma: a (a_rows, M) or b (b_rows, N) as a 2-D tensor
     const Bf16* a;                 // (a_rows, M)
     const int32_t* a_idx;          // (P,) or null: row p of a
     const Bf16* b;                 // (b_rows, N)
@@ -127,7 +136,7 @@ struct GatherWgrad {
     Out* d;                        // (E, M, N)
     const int32_t* group_offsets;  // (E + 1,)
     int num_groups, m, n, m_tiles, n_tiles;
-    int m_units;                   // tiles along M per expert: clusters of kClusterM M blocks
+    int m_units, n_units;          // tile units per expert: kTmaB pairs M blocks, kTmaA N blocks
     int64_t a_rows, b_rows;        // indices outside [0, rows) read as zero rows
   };
 
@@ -135,15 +144,16 @@ struct GatherWgrad {
     int e, m0, n0, row_begin, row_end;
   };
 
-  // `tile` counts (expert, cluster M block, N block) triples; CTA `rank` of a cluster takes M
-  // block kClusterM · unit + rank (past M when m_tiles is odd: it loads its half of the shared
-  // B tile, zero-fills its A and stores nothing).
+  // `tile` counts (expert, M unit, N unit) triples; with kTmaB CTA `rank` of a cluster takes M
+  // block 2 · unit + rank, with kTmaA N block 2 · unit + rank (past M or N when the count is
+  // odd: it loads its half of the shared tile, zero-fills its own operand and stores nothing).
   static __device__ TileCoord locate(const Params& p, int tile, int rank) {
-    const int per_expert = p.m_units * p.n_tiles;
+    const int per_expert = p.m_units * p.n_units;
     const int e = tile / per_expert, local = tile - e * per_expert;
-    const int unit = local / p.n_tiles;
-    return {e, (unit * kClusterM + rank) * kBM, (local - unit * p.n_tiles) * kBN,
-            __ldg(p.group_offsets + e), __ldg(p.group_offsets + e + 1)};
+    const int um = local / p.n_units, un = local - um * p.n_units;
+    const int m_blk = kTmaB ? 2 * um + rank : um, n_blk = kTmaA ? 2 * un + rank : un;
+    return {e, m_blk * kBM, n_blk * kBN, __ldg(p.group_offsets + e),
+            __ldg(p.group_offsets + e + 1)};
   }
 
   static __device__ int k_tiles_of(const TileCoord& tc) {
@@ -177,18 +187,20 @@ struct GatherWgrad {
       pipe.producer_acquire(state);
       const int stage = state.index();
       const int row0 = tc.row_begin + kt * kBK;
+      if constexpr (kTmaA) {
+        if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
+                               pipe.producer_get_barrier(state), rank);
+      } else {
 #pragma unroll 4
-      for (int i = 0; i < kAIters; ++i) {
-        const int k = a_k + i * kAStep;
-        const int64_t r = a_col_ok ? src_row(p.a_idx, p.a_rows, row0 + k, tc.row_end) : -1;
-        cp_async_16(&sA(a_col, k, stage), r >= 0 ? a_base + r * p.m : p.a, r >= 0);
+        for (int i = 0; i < kAIters; ++i) {
+          const int k = a_k + i * kAStep;
+          const int64_t r = a_col_ok ? src_row(p.a_idx, p.a_rows, row0 + k, tc.row_end) : -1;
+          cp_async_16(&sA(a_col, k, stage), r >= 0 ? a_base + r * p.m : p.a, r >= 0);
+        }
       }
       if constexpr (kTmaB) {
-        if (tid == 0) load_b_tma(p, tc, row0, smem.smem_B.data() + stage * (kBN * kBK),
-                                 pipe.producer_get_barrier(state), rank);
-        // Arrives once this thread's A copies landed; the full barrier also waits for the
-        // leader's arrive_and_expect_tx (producer_acquire) and the TMA bytes.
-        cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(state));
+        if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
+                               pipe.producer_get_barrier(state), rank);
       } else {
 #pragma unroll 4
         for (int i = 0; i < kBIters; ++i) {
@@ -196,31 +208,38 @@ struct GatherWgrad {
           const int64_t r = b_col_ok ? src_row(p.b_idx, p.b_rows, row0 + k, tc.row_end) : -1;
           cp_async_16(&sB(b_col, k, stage), r >= 0 ? b_base + r * p.n : p.b, r >= 0);
         }
+      }
+      if constexpr (kTma) {
+        // Arrives once this thread's cp.async copies landed; the full barrier also waits for
+        // the leader's arrive_and_expect_tx (producer_acquire) and the TMA bytes.
+        cutlass::arch::cpasync_barrier_arrive_noinc(pipe.producer_get_barrier(state));
+      } else {
         pub.filled(pipe);
       }
       ++state;
     }
   }
 
-  // kTmaB, leader thread: this CTA's half of the stage's B tile, rows [row0, row0 + BK) of b
-  // (columns n0 + rank · BN/2 on), as boxes of 64 columns x BK rows multicast to both CTAs of
-  // the cluster (each CTA's full barrier expects the whole tile). Rows past b's end read zeros.
-  static __device__ void load_b_tma(const Params& p, const TileCoord& tc, int row0, Bf16* stage_b,
-                                    uint64_t* full_barrier, int rank) {
+  // kTma, leader thread: this CTA's half of the stage's tile of the TMA operand, rows
+  // [row0, row0 + BK) (columns col0 + rank · width/2 on), as boxes of 64 columns x BK rows
+  // multicast to both CTAs of the cluster (each CTA's full barrier expects the whole tile; the
+  // stage holds each 64-column block as BK rows of 128 bytes). Rows past the end read zeros.
+  static __device__ void load_tma(const Params& p, int row0, int col0, Bf16* stage,
+                                  uint64_t* full_barrier, int rank) {
     constexpr uint16_t kBothCtas = 0b11;
-    constexpr int kHalf = kBN / 2;
+    constexpr int kHalf = kTmaWidth / 2;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kHalf / 64; ++i) {
-      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, full_barrier, kBothCtas, hint,
-                                             stage_b + (rank * kHalf + i * 64) * kBK,
-                                             tc.n0 + rank * kHalf + i * 64, row0);
+      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma, full_barrier, kBothCtas, hint,
+                                             stage + (rank * kHalf + i * 64) * kBK,
+                                             col0 + rank * kHalf + i * 64, row0);
     }
   }
 
-  // kTmaB consumers (CUTLASS's `mma` has no place for the proxy fences): wait for stage s,
-  // fence the producers' cp.async writes against the wgmma reads, zero B's rows past the group
-  // end in the group's last block (`last_rows` < BK; see the top of this file), issue the
+  // kTma consumers (CUTLASS's `mma` has no place for the proxy fences): wait for stage s, fence
+  // the producers' cp.async writes against the wgmma reads, zero the TMA operand's rows past the
+  // group end in the group's last block (`last_rows` < BK; see the top of this file), issue the
   // stage's wgmmas, then release stage s - 1 once its wgmmas completed. Advances `rd`.
   template <class Accum>
   static __device__ void consume(Pipeline& pipe, PipeState& rd, Accum& acc, int k_tiles,
@@ -240,11 +259,15 @@ struct GatherWgrad {
       pipe.consumer_wait(rd);
       const int s = rd.index();
       if (kt == k_tiles - 1 && last_rows < kBK) {
-        for (int i = mma_tid; i < kBN * (kBK - last_rows); i += kMmaThreads) {
-          sB(i % kBN, last_rows + i / kBN, s) = Bf16(0.0f);
+        for (int i = mma_tid; i < kTmaWidth * (kBK - last_rows); i += kMmaThreads) {
+          if constexpr (kTmaA) {
+            sA(i % kBM, last_rows + i / kBM, s) = Bf16(0.0f);
+          } else {
+            sB(i % kBN, last_rows + i / kBN, s) = Bf16(0.0f);
+          }
         }
         cutlass::arch::fence_view_async_shared();  // generic zeros -> wgmma reads
-        cutlass::arch::NamedBarrier::sync(kMmaThreads, 0);  // both warpgroups read all of B
+        cutlass::arch::NamedBarrier::sync(kMmaThreads, 0);  // the warpgroups share the tile
       }
       cutlass::arch::fence_view_async_shared();  // cp.async writes (generic) -> wgmma reads
       warpgroup_fence_operand(acc);
@@ -268,27 +291,29 @@ struct GatherWgrad {
     pipe.consumer_release(release);
   }
 
-  // kTmaB: where the TMA boxes of load_b_tma land must be where SmemLayoutB (which the wgmma
-  // descriptors follow) puts each (n, k, stage) element: each 64-column block of the stage as BK
-  // rows of 128 bytes, TMA's 128-byte swizzle XORing the 16-byte chunk index with the row mod 8.
-  static bool tma_b_layout_ok() {
+  // kTma: where the TMA boxes of load_tma land must be where the operand's stage layout (which
+  // the wgmma descriptors follow) puts each (column, k, stage) element: each 64-column block of
+  // the stage as BK rows of 128 bytes, TMA's 128-byte swizzle XORing the 16-byte chunk index
+  // with the row mod 8.
+  static bool tma_layout_ok() {
     using namespace cute;
-    if constexpr (!kTmaB) {
+    if constexpr (!kTma) {
       return true;
     } else {
+      using Layout = cute::conditional_t<kTmaA, SmemLayoutA, SmemLayoutB>;
       constexpr int kStages = Pipeline::Stages;
-      constexpr size_t kElems = size_t(kBN) * kBK * kStages;
+      constexpr size_t kElems = size_t(kTmaWidth) * kBK * kStages;
       void* buf = std::aligned_alloc(1024, kElems * sizeof(Bf16));
       if (buf == nullptr) return false;
       Bf16* base = static_cast<Bf16*>(buf);
-      Tensor sB = make_tensor(make_smem_ptr(base), SmemLayoutB{});
+      Tensor st_tensor = make_tensor(make_smem_ptr(base), Layout{});
       const auto swz = [](int64_t x) { return x ^ (((x >> 6) & 7) << 3); };  // in bf16 elements
-      bool ok = size(sB) == int64_t(kElems);
+      bool ok = size(st_tensor) == int64_t(kElems);
       for (int st = 0; ok && st < kStages; ++st) {
-        for (int n = 0; ok && n < kBN; ++n) {
+        for (int c = 0; ok && c < kTmaWidth; ++c) {
           for (int k = 0; ok && k < kBK; ++k) {
-            const int64_t in_stage = (n / 64) * 64 * kBK + swz(n % 64 + 64 * k);
-            ok = &sB(n, k, st) - base == int64_t(st) * kBN * kBK + in_stage;
+            const int64_t in_stage = (c / 64) * 64 * kBK + swz(c % 64 + 64 * k);
+            ok = &st_tensor(c, k, st) - base == int64_t(st) * kTmaWidth * kBK + in_stage;
           }
         }
       }
@@ -338,7 +363,7 @@ struct GatherWgrad {
 
   static bool layout_ok() {
     return chunks_contiguous<SmemLayoutA>(kBM) && chunks_contiguous<SmemLayoutB>(kBN) &&
-           pairs_ok() && tma_b_layout_ok();
+           pairs_ok() && tma_layout_ok();
   }
 
   // D_e's (BM, BN) tile at d (leading dimension ld) from the accumulators; rows >= rows and
@@ -365,12 +390,12 @@ struct GatherWgrad {
   static __device__ Pipeline make_pipeline(SharedStorage& smem, int wg) {
     typename Pipeline::Params pp;
     pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-    if constexpr (kTmaB) {
+    if constexpr (kTma) {
       pp.is_leader = threadIdx.x == 0;
       pp.num_consumers = kMmaThreads;
       pp.num_producers = kProducerThreads + 1;  // noinc arrivals + the leader's expect_tx
-      pp.transaction_bytes = kBStageBytes;      // both halves of B land in each CTA
-      return Pipeline(smem.pipeline, pp, cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>{});
+      pp.transaction_bytes = kTmaBytes;         // both halves of the tile land in each CTA
+      return Pipeline(smem.pipeline, pp, cute::Shape<cute::Int<kCluster>, cute::_1, cute::_1>{});
     } else {
       pp.producer_arv_count = kProducerThreads;
       pp.consumer_arv_count = kMmaThreads;
@@ -384,28 +409,28 @@ struct GatherWgrad {
     const int wg = cutlass::canonical_warp_group_idx();
     Pipeline pipe = make_pipeline(smem, wg);
     int rank = 0;
-    if constexpr (kTmaB) {
+    if constexpr (kTma) {
       rank = static_cast<int>(cute::block_rank_in_cluster());
       cute::cluster_sync();  // both CTAs' barriers initialised before any multicast reaches them
     } else {
       __syncthreads();  // barrier initialisation visible to every warpgroup
     }
-    // Both CTAs of a cluster walk the same tiles (they differ in M block only).
-    const int total = p.num_groups * p.m_units * p.n_tiles;
-    const int first = blockIdx.x / kClusterM, step = gridDim.x / kClusterM;
+    // Both CTAs of a cluster walk the same tiles (they differ in M or N block only).
+    const int total = p.num_groups * p.m_units * p.n_units;
+    const int first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
     if (wg == 0) {
       PipeState state = cutlass::make_producer_start_state<Pipeline>();
       Publisher pub{state};
       const int tid = threadIdx.x;
-      if constexpr (kTmaB) {
-        if (tid == 0) cute::prefetch_tma_descriptor(&p.tma_b);
+      if constexpr (kTma) {
+        if (tid == 0) cute::prefetch_tma_descriptor(&p.tma);
       }
       for (int tile = first; tile < total; tile += step) {
         const TileCoord tc = locate(p, tile, rank);
         load_tile(p, tc, k_tiles_of(tc), pipe, state, pub, smem.tensors, tid, rank);
       }
-      if constexpr (!kTmaB) pub.flush(pipe);
-      // The consumers (of both CTAs, with kTmaB) release every stage before the CTA exits.
+      if constexpr (!kTma) pub.flush(pipe);
+      // The consumers (of both CTAs, with kTma) release every stage before the CTA exits.
       pipe.producer_tail(state);
     } else {
       PipeState state;
@@ -416,7 +441,7 @@ struct GatherWgrad {
         auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
         if (k_tiles == 0) {
           clear(acc);  // an empty expert's gradient is zero
-        } else if constexpr (kTmaB) {
+        } else if constexpr (kTma) {
           const int last_rows = rows.row_end - rows.row_begin - (k_tiles - 1) * kBK;
           consume(pipe, state, acc, k_tiles, last_rows, mma_tid, smem.tensors);
         } else {
@@ -428,7 +453,7 @@ struct GatherWgrad {
         }
         // Only the epilogue needs the tile's coordinates: locate it again after the mainloop.
         const TileCoord tc = locate(p, tile, rank);
-        if (tc.m0 < p.m) {
+        if (tc.m0 < p.m && tc.n0 < p.n) {
           Out* d = p.d + (int64_t(tc.e) * p.m + tc.m0) * p.n + tc.n0;
           store(d, p.n, p.m - tc.m0, p.n - tc.n0, acc, mma_tid);
         }
@@ -454,8 +479,8 @@ struct WgradLauncher {
   static std::string run(const GroupedGemmParams& p, const int32_t* a_idx, const int32_t* b_idx,
                          int64_t a_rows, int64_t b_rows, cudaStream_t stream) {
     if (p.num_groups < 1) return "need at least one group";
-    if (G::kTmaB && b_idx != nullptr) {
-      return "the TMA-B schedule reads B's rows in order: B must not be gathered (b_idx)";
+    if ((G::kTmaB && b_idx != nullptr) || (G::kTmaA && a_idx != nullptr)) {
+      return "the TMA schedule reads one operand's rows in order: it must not be gathered";
     }
     static const bool layout_checked = G::layout_ok();
     if (!layout_checked) return "shared-memory layout differs from what the producer writes";
@@ -471,33 +496,37 @@ struct WgradLauncher {
     kp.n = p.n;
     kp.m_tiles = (p.m + G::kBM - 1) / G::kBM;
     kp.n_tiles = (p.n + G::kBN - 1) / G::kBN;
-    kp.m_units = (kp.m_tiles + G::kClusterM - 1) / G::kClusterM;
+    kp.m_units = G::kTmaB ? (kp.m_tiles + 1) / 2 : kp.m_tiles;
+    kp.n_units = G::kTmaA ? (kp.n_tiles + 1) / 2 : kp.n_tiles;
     kp.a_rows = a_rows;
     kp.b_rows = b_rows;
-    const int64_t tiles = int64_t(p.num_groups) * kp.m_units * kp.n_tiles;
+    const int64_t tiles = int64_t(p.num_groups) * kp.m_units * kp.n_units;
     if (tiles >= (int64_t(1) << 31)) return "too many output tiles";
     auto kernel = gather_wgrad_kernel<G>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            G::kSmemBytes);
     if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
-    if constexpr (G::kClusterM == 1) {
+    if constexpr (G::kCluster == 1) {
       const int grid = static_cast<int>(tiles < sm_count() ? tiles : sm_count());
       kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
     } else {
-      // B (b_rows, N) as a 2-D tensor, boxes of 64 columns x BK rows; rows 16-byte aligned
-      // (N % 8 == 0, checked by the handler); rows past b_rows read zeros.
-      cuuint64_t dims[2] = {cuuint64_t(p.n), cuuint64_t(b_rows)};
-      cuuint64_t row_bytes[1] = {cuuint64_t(p.n) * sizeof(Bf16)};
+      // The TMA operand, a (a_rows, M) or b (b_rows, N), as a 2-D tensor, boxes of 64 columns x
+      // BK rows; rows 16-byte aligned (M, N % 8 == 0, checked by the handler); rows past the
+      // end read zeros.
+      const cuuint64_t cols = G::kTmaA ? p.m : p.n;
+      cuuint64_t dims[2] = {cols, cuuint64_t(G::kTmaA ? a_rows : b_rows)};
+      cuuint64_t row_bytes[1] = {cols * sizeof(Bf16)};
       cuuint32_t box[2] = {64, G::kBK};
       cuuint32_t elem_strides[2] = {1, 1};
       const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
-          &kp.tma_b, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.b), dims, row_bytes,
+          &kp.tma, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(G::kTmaA ? p.a : p.b),
+          dims, row_bytes,
           box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-      if (r != CUDA_SUCCESS) return "cuTensorMapEncodeTiled for B failed: " + std::to_string(int(r));
+      if (r != CUDA_SUCCESS) return "cuTensorMapEncodeTiled failed: " + std::to_string(int(r));
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = G::kClusterM;
+      attr[0].val.clusterDim.x = G::kCluster;
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
       cudaLaunchConfig_t cfg{};
@@ -520,7 +549,7 @@ struct WgradLauncher {
         cached_device = device;
       }
       const int64_t clusters = tiles < cached_clusters ? tiles : cached_clusters;
-      cfg.gridDim = dim3(static_cast<unsigned>(clusters * G::kClusterM));
+      cfg.gridDim = dim3(static_cast<unsigned>(clusters * G::kCluster));
       err = cudaLaunchKernelEx(&cfg, kernel, kp);
       if (err != cudaSuccess) {
         return std::string("gathered varlen-K launch: ") + cudaGetErrorString(err);

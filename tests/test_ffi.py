@@ -180,9 +180,11 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
     assert got == want, (path, kind, got, want)
   # The gathered varlen-K TU builds one schedule, not through a case switch.
   body = (CSRC / "gemm_varlen_k_gather.cu").read_text()
-  got = [(int(i), name) for i, name in re.findall(r"case (\d): fn\(WgradBf16<gather::(\w+)>", body)]
-  assert got == [(int(c), names[c.value])
-                 for c in schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]], got
+  switch = body[body.index("switch (config)"):body.index("default:")]
+  got = {int(case): set(re.findall(r"WgradBf16<gather::(\w+), \d>", text))
+         for case, text in re.findall(r"case (\d):(.*?)(?=case \d:|$)", switch, re.S)}
+  assert got == {int(c): {names[c.value]}
+                 for c in schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]}, got
   # Every default and measured pick is instantiated.
   for kind, cfg in schedules.DEFAULT.items():
     assert cfg in schedules.INSTANTIATED[kind]
@@ -264,7 +266,8 @@ def test_gathered_grouped_gemm_rejects_bad_arguments(bad, match):
     (dict(a_idx=(0,)), "a_idx must be None or a non-empty \\(P,\\) index"),
     (dict(b_idx=None), "as many grouped rows .* got 16 and 12"),
     (dict(b=(12, 60)), "multiples of 8 .* N=60"),
-    (dict(config=GemmConfig.GATHER_TMA_B_128x256_C2x1), "TMA: b_idx must be None"),
+    (dict(config=GemmConfig.GATHER_TMA_B_128x256_C2x1),  # both operands through indices
+     "in order by TMA: a_idx or b_idx must be None"),
     (dict(config=GemmConfig.GATHER_NOINC_128x256),
      "config must be one of \\['GATHER_COOP_128x256', 'GATHER_TMA_B_128x256_C2x1'\\] for "
      "VARLEN_K_GATHER_BF16, got 7"),
@@ -922,8 +925,10 @@ def _wgrad_problem(case: str, which: str):
   return a, a_idx, b, b_idx, plan.group_offsets
 
 
-_WGRAD_CASES = [("dw1", GemmConfig.GATHER_TMA_B_128x256_C2x1), ("dw1", GemmConfig.GATHER_COOP_128x256),
-                ("dw2", GemmConfig.GATHER_COOP_128x256), ("both", GemmConfig.GATHER_COOP_128x256)]
+# Config 6 loads the operand without an index by TMA: B (dH) for dW1, A (A') for dW2.
+_WGRAD_CASES = [(w, c) for w in ("dw1", "dw2") for c in (GemmConfig.GATHER_TMA_B_128x256_C2x1,
+                                                          GemmConfig.GATHER_COOP_128x256)]
+_WGRAD_CASES.append(("both", GemmConfig.GATHER_COOP_128x256))
 
 
 @pytest.mark.gpu

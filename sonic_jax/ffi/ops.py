@@ -125,8 +125,8 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
   out[e] = Σ_{p in group e} a[a_idx[p]]ᵀ ⊗ b[b_idx[p]] (fp32 accumulation); empty groups give
   zeros, indices outside the operand read zero rows. dW1 = gathered_varlen_k(x, gather_idx, dH,
   None, ...), dW2 = gathered_varlen_k(A', None, dO, gather_idx, ...): no (P, d) gathered copy.
-  config None: GATHER_TMA_B_128x256_C2x1 (B by TMA multicast) when b_idx is None, else
-  GATHER_COOP_128x256 (both operands by cp.async).
+  config None: GATHER_TMA_B_128x256_C2x1 (the operand without an index, b first, by TMA
+  multicast) when a_idx or b_idx is None, else GATHER_COOP_128x256 (both by cp.async).
   """
   kind = GemmKind.VARLEN_K_GATHER_BF16
   if a.ndim != 2 or b.ndim != 2 or group_offsets.ndim != 1:
@@ -147,12 +147,13 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
     raise ValueError(f"M = a.shape[1] and N = b.shape[1] must be multiples of 8 (16-byte "
                      f"cp.async chunks), got M={m}, N={n}")
   num_groups = group_offsets.shape[0] - 1
-  if config is None:  # B's rows in order (dW1's dH): by TMA multicast
-    config = GemmConfig.GATHER_TMA_B_128x256_C2x1 if b_idx is None else schedules.pick(kind, m, n)
+  in_order = a_idx is None or b_idx is None
+  if config is None:  # an operand read in order (dW1's dH, dW2's A'): by TMA multicast
+    config = GemmConfig.GATHER_TMA_B_128x256_C2x1 if in_order else schedules.pick(kind, m, n)
   config = schedules.check(kind, config)
-  if config == GemmConfig.GATHER_TMA_B_128x256_C2x1 and b_idx is not None:
-    raise ValueError("config GATHER_TMA_B_128x256_C2x1 loads b's rows in order by TMA: b_idx must "
-                     "be None (gather a instead, or use GATHER_COOP_128x256)")
+  if config == GemmConfig.GATHER_TMA_B_128x256_C2x1 and not in_order:
+    raise ValueError("config GATHER_TMA_B_128x256_C2x1 loads one operand's rows in order by TMA: "
+                     "a_idx or b_idx must be None (else use GATHER_COOP_128x256)")
   ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
   none = jnp.zeros((0,), jnp.int32)
   out, _ = _call("sonic_jax_gathered_varlen_k",

@@ -79,7 +79,7 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
-    # 6: B (not gathered: dW1's dH) by TMA multicast over a 2 x 1 cluster.
+    # 6: the operand read in order (dW1's dH, dW2's A') by TMA multicast over a 2-CTA cluster.
     GemmKind.VARLEN_K_GATHER_BF16: (GemmConfig.GATHER_COOP_128x256,
                                     GemmConfig.GATHER_TMA_B_128x256_C2x1),
 }
@@ -107,8 +107,8 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     # epilogues fused: 36.13 ms under tma_b's fused gather vs 39.64 under cp_async).
     GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
-    # Session 19, not yet run on a GPU: the schedule that takes any operand gathered;
-    # ops.gathered_varlen_k picks GATHER_TMA_B_128x256_C2x1 where B is not gathered (dW1).
+    # Session 19, not yet run on a GPU: the schedule that takes both operands gathered;
+    # ops.gathered_varlen_k picks GATHER_TMA_B_128x256_C2x1 where one is not (dW1, dW2).
     GemmKind.VARLEN_K_GATHER_BF16: GemmConfig.GATHER_COOP_128x256,
 }
 
