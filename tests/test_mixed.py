@@ -102,6 +102,13 @@ def test_value_semantics_and_flattening():
   assert nested.base == XlaKernels() and set(nested.overrides) == {"dh", "dw1"}
   assert nested.backend_of("dw1").tag == "p" and nested.backend_of("up_proj") == XlaKernels()
   assert nested.dw1_last == XlaKernels().dw1_last
+  # XlaKernels instances are one backend; a subclass (which may hold state) is itself only, so
+  # the custom_vjp block cached for one instance is never reused for another.
+  class Sub(XlaKernels):
+    pass
+  assert XlaKernels() == XlaKernels() and Sub() != Sub() and Sub() != XlaKernels()
+  s = Sub()
+  assert s == s and len({Sub(), Sub(), XlaKernels(), XlaKernels()}) == 3
 
 
 @pytest.mark.parametrize("kwargs, match", [
