@@ -19,5 +19,5 @@ ffi_sweep "${EW_S:-90}" elementwise "dswiglu|swiglu_from|copy|config T=" --eleme
   24576,1536,512,64,4 32768,4096,1024,128,8 32768,4096,2048,64,4
 PROF_TAG=ffi kernel_profile "${PROF_S:-200}" \
   "paper-1.4B-n256,paper-7B-n256,paper-30B-n256,paper-120B-n1024" \
-  "ffi,ffi:dswiglu=warp,ffi:wgrad-gather,ffi:fused-gather:wgrad-gather" 0.05
+  "ffi,ffi:dswiglu=warp,ffi:wgrad-gather,ffi:fused-gather:wgrad-gather,ffi:fused_epilogue=both:wgrad-gather" 0.05
 echo "== [$(since) s] done"

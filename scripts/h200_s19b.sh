@@ -11,7 +11,7 @@ source scripts/device_env.sh
 OUT=${OUT:-$PWD/s19b_out}
 begin_call
 PROF_TAG=mixed kernel_profile "${MIX_S:-150}" "paper-7B-n256,paper-120B-n1024" \
-  "pallas,pallas+dx_pairs=ffi,pallas+up_proj/dw1=ffi,pallas+dh/dw2=ffi:dswiglu=warp,pallas::dw1.cluster_m=2" 0.05
+  "pallas,pallas+dx_pairs=ffi,pallas+up_proj/dw1=ffi,pallas+dw1/dw2=ffi:wgrad-gather,pallas+dh/dw2=ffi:dswiglu=warp,pallas::dw1.cluster_m=2" 0.05
 echo "== [$(since) s] memcheck"
 timeout "${MC_S:-200}" compute-sanitizer --tool memcheck $PY -m pytest -m gpu -q \
   -p no:cacheprovider tests/test_ffi.py \

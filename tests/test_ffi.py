@@ -591,6 +591,9 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                    # sonic_jax.mixed: entry points of both GPU backends in one step.
                    "mixed_pallas_base": MixedKernels(PallasKernels(), dx_pairs=FfiKernels(),
                                                      dw1=FfiKernels(), combine=FfiKernels()),
+                   "mixed_pallas_wgrad": MixedKernels(PallasKernels(),
+                                                      dw1=FfiKernels(wgrad_gather=True),
+                                                      dw2=FfiKernels(wgrad_gather=True)),
                    "mixed_ffi_base": MixedKernels(FfiKernels(dswiglu="warp"),
                                                   down_proj=PallasKernels(), dh=PallasKernels(),
                                                   dw2=PallasKernels())}
