@@ -405,6 +405,37 @@ def test_sweep_epilogue_variants():
     sweep.main(["--fused-epilogue-only", "--epilogue-variants", "separate"])
 
 
+def test_sweep_elementwise_rows(monkeypatch):
+  """The --elementwise-only rows on the CPU: the two ffi kernels replaced by plain JAX (they need
+  a GPU); checks the rows, the bytes behind their GB/s and the block-vs-warp comparison."""
+  from sonic_jax import xla_backend
+  from sonic_jax.ffi import sweep
+
+  def dswiglu(da, h, s, offs, *, warp_per_row=False):
+    dh, a = xla_backend.dswiglu(da, h.astype(jnp.float32))
+    ds = jnp.sum(da * a, axis=-1)
+    return ((s[:, None] * dh).astype(jnp.bfloat16), (s[:, None] * a).astype(jnp.bfloat16), ds)
+
+  monkeypatch.setattr(sweep.ops, "dswiglu", dswiglu)
+  monkeypatch.setattr(sweep.ops, "swiglu_from_h",
+                      lambda h, offs: xla_backend.swiglu(h.astype(jnp.float32)).astype(h.dtype))
+  t, n, e, k = 64, 16, 4, 2
+  rows, picks = sweep.run_elementwise(t, 32, n, e, k, iters=1)
+  assert picks == {}
+  by = {r["name"]: r for r in rows}
+  assert list(by) == ["dswiglu_block", "dswiglu_warp", "swiglu_from_h", "copy"]
+  p = t * k  # a top-K plan's capacity
+  # dSwiGLU reads dA' (fp32), H (bf16, 2n) and s, writes dH (bf16, 2n), A' (bf16) and dS.
+  dswiglu_bytes = p * (4 * n + 2 * 2 * n + 4) + p * (2 * 2 * n + 2 * n + 4)
+  for name in ("dswiglu_block", "dswiglu_warp"):
+    r = by[name]
+    assert r["rows"] == p and r["n"] == n and r["ms"] > 0
+    assert r["gbps"] == pytest.approx(dswiglu_bytes / r["ms"] / 1e6)
+  assert by["dswiglu_warp"]["rel_vs_block"] == 0.0
+  assert by["copy"]["bytes"] == dswiglu_bytes
+  assert by["swiglu_from_h"]["gbps"] == pytest.approx(p * 6 * n / by["swiglu_from_h"]["ms"] / 1e6)
+
+
 def test_ffi_kernels_dswiglu_switch():
   assert FfiKernels().dswiglu == "block"  # the warp kernel has not run on a GPU yet
   assert FfiKernels(dswiglu="warp") != FfiKernels()
