@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import sonic_jax
 from sonic_jax.bench.variants import kernels_for
 from sonic_jax.mixed import ENTRY_POINTS, MixedKernels
 from sonic_jax.xla_backend import XlaKernels
-from tests.helpers import rel_err
+from tests.helpers import Problem, make_inputs, rel_err
 
 
 class _Recording(XlaKernels):
@@ -32,14 +31,11 @@ class _Recording(XlaKernels):
     return object.__getattribute__(self, name)
 
 
-def _problem(t=48, d=64, n=32, e=6, k=2):
-  keys = jax.random.split(jax.random.key(7), 5)
-  x = jax.random.normal(keys[0], (t, d), jnp.float32)
-  router_w = jax.random.normal(keys[1], (d, e)) / np.sqrt(d)
-  w1 = jax.random.normal(keys[2], (e, d, 2 * n)) / np.sqrt(d)
-  w2 = jax.random.normal(keys[3], (e, n, d)) / np.sqrt(n)
-  ct = jax.random.normal(keys[4], (t, d), jnp.float32)
-  return (x, router_w, w1, w2), ct, k
+def _problem(t=48, d=64, n=32, e=6, k=2, dtype=jnp.float32, seed=7):
+  """((x, router_w, w1, w2), cotangent, top_k) of a random layer (tests.helpers.make_inputs)."""
+  args = make_inputs(Problem(T=t, d=d, n=n, E=e, K=k, seed=seed), dtype)
+  ct = jax.random.normal(jax.random.key(seed + 1), (t, d), jnp.float32)
+  return args, ct, k
 
 
 def _grads(backend, args, ct, k):
@@ -75,14 +71,7 @@ def test_mixed_gradients_match_the_base_backend():
 def test_mixed_with_pallas_interpret_matches_xla():
   """The xla forward with the Pallas (Mosaic GPU interpreter) dx_pairs and combine."""
   from sonic_jax.pallas.backend import PallasKernels
-  t, d, n, e, k = 64, 128, 64, 5, 2
-  keys = jax.random.split(jax.random.key(3), 5)
-  bf = jnp.bfloat16
-  args = (jax.random.normal(keys[0], (t, d), bf),
-          (jax.random.normal(keys[1], (d, e)) / np.sqrt(d)).astype(bf),
-          (jax.random.normal(keys[2], (e, d, 2 * n)) / np.sqrt(d)).astype(bf),
-          (jax.random.normal(keys[3], (e, n, d)) / np.sqrt(n)).astype(bf))
-  ct = jax.random.normal(keys[4], (t, d), jnp.float32)
+  args, ct, k = _problem(t=64, d=128, n=64, e=5, k=2, dtype=jnp.bfloat16, seed=3)
   pallas = PallasKernels(interpret=True, backward_gathers="xla")
   mixed = MixedKernels(XlaKernels(), dx_pairs=pallas, combine=pallas)
   got_v, got_g = _grads(mixed, args, ct, k)
