@@ -115,6 +115,33 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                : "memory");
 }
 
+// Host check of a TMA-filled stage layout: for every (column, k, stage) of a (width, bk, stages)
+// layout, the element's address must be stage · width · bk + in_stage(column, k), where the TMA
+// boxes put it (128-byte swizzle: tma_swizzle_128b). Allocates one layout's worth of memory.
+inline int64_t tma_swizzle_128b(int64_t x) {  // in bf16 elements: 16-byte chunk ^= row mod 8
+  return x ^ (((x >> 6) & 7) << 3);
+}
+
+template <class Layout, class InStage>
+bool stage_layout_is(int width, int bk, int stages, InStage in_stage) {
+  using namespace cute;
+  const size_t elems = size_t(width) * bk * stages;
+  void* buf = std::aligned_alloc(1024, elems * sizeof(Bf16));
+  if (buf == nullptr) return false;
+  Bf16* base = static_cast<Bf16*>(buf);
+  Tensor st_tensor = make_tensor(make_smem_ptr(base), Layout{});
+  bool ok = size(st_tensor) == int64_t(elems);
+  for (int st = 0; ok && st < stages; ++st) {
+    for (int c = 0; ok && c < width; ++c) {
+      for (int k = 0; ok && k < bk; ++k) {
+        ok = &st_tensor(c, k, st) - base == int64_t(st) * width * bk + in_stage(c, k);
+      }
+    }
+  }
+  std::free(buf);
+  return ok;
+}
+
 // What the consumers do with a finished accumulator tile (see the top of this file).
 enum class Epi { kStore, kSwiGLU, kDSwiGLU };
 
@@ -559,26 +586,10 @@ struct GatherGemm {
     if constexpr (!kTmaB) {
       return true;
     } else {
-      constexpr int kStages = Pipeline::Stages;
-      constexpr size_t kElems = size_t(kBN) * kBK * kStages;
-      void* buf = std::aligned_alloc(1024, kElems * sizeof(Bf16));
-      if (buf == nullptr) return false;
-      Bf16* base = static_cast<Bf16*>(buf);
-      Tensor sB = make_tensor(make_smem_ptr(base), SmemLayoutB{});
-      const auto swz = [](int64_t x) { return x ^ (((x >> 6) & 7) << 3); };  // in bf16 elements
-      bool ok = size(sB) == int64_t(kElems);
-      for (int st = 0; ok && st < kStages; ++st) {
-        for (int n = 0; ok && n < kBN; ++n) {
-          for (int k = 0; ok && k < kBK; ++k) {
-            const int64_t in_stage =
-                kNT ? (n / (kBN / 2)) * (kBN / 2) * kBK + swz(k + 64 * (n % (kBN / 2)))
-                    : (n / 64) * 64 * kBK + swz(n % 64 + 64 * k);
-            ok = &sB(n, k, st) - base == int64_t(st) * kBN * kBK + in_stage;
-          }
-        }
-      }
-      std::free(buf);
-      return ok;
+      return stage_layout_is<SmemLayoutB>(kBN, kBK, Pipeline::Stages, [](int n, int k) {
+        return kNT ? (n / (kBN / 2)) * (kBN / 2) * kBK + tma_swizzle_128b(k + 64 * (n % (kBN / 2)))
+                   : (n / 64) * 64 * kBK + tma_swizzle_128b(n % 64 + 64 * k);
+      });
     }
   }
 
@@ -755,6 +766,60 @@ inline int sm_count() {
   return cached_sms > 0 ? cached_sms : 1;
 }
 
+// A 2-D bf16 tensor map of `rows` rows of `cols` elements (rows 16-byte aligned), boxes of 64
+// columns x box_rows rows, 128-byte swizzle, zeros read past the tensor.
+inline std::string encode_tma_2d(const void* base, uint64_t cols, uint64_t rows,
+                                 uint32_t box_rows, cute::TmaDescriptor* out, const char* what) {
+  cuuint64_t dims[2] = {cols, rows};
+  cuuint64_t row_bytes[1] = {cols * sizeof(Bf16)};
+  cuuint32_t box[2] = {64, box_rows};
+  cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
+      out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, row_bytes, box,
+      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return std::string(what) + " failed: " + std::to_string(int(r));
+  return {};
+}
+
+// Launches the persistent `kernel` on clusters of `cluster` CTAs along x: as many clusters as
+// can be resident at once (not every SM pairs up within its GPC; a cluster that waited for a
+// free pair would run after the others' tiles), at most max_clusters. The count is queried once
+// per device and kernel (host work only, no stream operation). `what` prefixes errors.
+template <class Kernel, class Params>
+std::string launch_on_clusters(Kernel kernel, const Params& kp, int cluster, int threads,
+                               int smem_bytes, int64_t max_clusters, cudaStream_t stream,
+                               const char* what) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int device = 0;
+  cudaGetDevice(&device);
+  static thread_local int cached_device = -1, cached_clusters = 0;
+  if (device != cached_device) {
+    cfg.gridDim = dim3(sm_count());
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&cached_clusters, kernel, &cfg);
+    if (err != cudaSuccess || cached_clusters < 1) {
+      return std::string("cudaOccupancyMaxActiveClusters: ") +
+             (err != cudaSuccess ? cudaGetErrorString(err) : "no cluster fits");
+    }
+    cached_device = device;
+  }
+  const int64_t clusters = max_clusters < cached_clusters ? max_clusters : cached_clusters;
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * cluster));
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, kp);
+  if (err != cudaSuccess) return std::string(what) + ": " + cudaGetErrorString(err);
+  return {};
+}
+
 // fn(G<tile schedule>{}) for a gather config (sonic::GemmConfig 4 to 7); false for another. G is
 // a Launcher template of one kind; every gathered and fused-epilogue kind builds both schedules.
 template <template <class> class G, class Fn>
@@ -844,35 +909,10 @@ struct Launcher {
       // Persistent: one CTA per SM (the stages fill shared memory); CTAs past the last tile exit.
       kernel<<<sm_count(), G::kThreads, G::kSmemBytes, stream>>>(kp);
     } else {
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = G::kClusterM;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg{};
-      cfg.blockDim = dim3(G::kThreads);
-      cfg.dynamicSmemBytes = G::kSmemBytes;
-      cfg.stream = stream;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      // Persistent: as many clusters as can be resident at once (not every SM pairs up within
-      // its GPC); a cluster that waited for a free pair would run after the others' tiles.
-      // Queried once per device (host work only, no stream operation).
-      int device = 0;
-      cudaGetDevice(&device);
-      static thread_local int cached_device = -1, cached_clusters = 0;
-      if (device != cached_device) {
-        cfg.gridDim = dim3(sm_count());
-        err = cudaOccupancyMaxActiveClusters(&cached_clusters, kernel, &cfg);
-        if (err != cudaSuccess || cached_clusters < 1) {
-          return std::string("cudaOccupancyMaxActiveClusters: ") +
-                 (err != cudaSuccess ? cudaGetErrorString(err) : "no cluster fits");
-        }
-        cached_device = device;
-      }
-      cfg.gridDim = dim3(cached_clusters * G::kClusterM);
-      err = cudaLaunchKernelEx(&cfg, kernel, kp);
-      if (err != cudaSuccess) return std::string("gather GEMM launch: ") + cudaGetErrorString(err);
+      std::string launch_err =
+          launch_on_clusters(kernel, kp, G::kClusterM, G::kThreads, G::kSmemBytes, INT64_MAX,
+                             stream, "gather GEMM launch");
+      if (!launch_err.empty()) return launch_err;
     }
     err = cudaGetLastError();
     if (err != cudaSuccess) return std::string("gather GEMM launch: ") + cudaGetErrorString(err);
@@ -884,18 +924,9 @@ struct Launcher {
   // E·N rows of K columns, boxes of 64 columns x BN/2 rows. Rows are 16-byte aligned since
   // K, N and n are multiples of 8 (validated by the handlers).
   static std::string make_tma_b(const GroupedGemmParams& p, int ldb, cute::TmaDescriptor* out) {
-    const cuuint64_t cols = G::kNTLayout ? p.k : ldb;
-    const cuuint64_t rows = cuuint64_t(p.num_groups) * (G::kNTLayout ? p.n : p.k);
-    cuuint64_t dims[2] = {cols, rows};
-    cuuint64_t row_bytes[1] = {cols * sizeof(Bf16)};
-    cuuint32_t box[2] = {64, G::kNTLayout ? G::kBN / 2 : G::kBK};
-    cuuint32_t elem_strides[2] = {1, 1};
-    const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
-        out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.b), dims, row_bytes, box,
-        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) return "cuTensorMapEncodeTiled for B failed: " + std::to_string(int(r));
-    return {};
+    return encode_tma_2d(p.b, G::kNTLayout ? p.k : ldb,
+                         uint64_t(p.num_groups) * (G::kNTLayout ? p.n : p.k),
+                         G::kNTLayout ? G::kBN / 2 : G::kBK, out, "cuTensorMapEncodeTiled for B");
   }
 };
 

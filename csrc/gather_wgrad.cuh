@@ -170,6 +170,22 @@ struct GatherWgrad {
     return r >= 0 && r < rows ? r : -1;
   }
 
+  // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
+  // block, `col_ok` when inside the operand) of rows k_first + i · kStep, i < kIters, read from
+  // base + src_row · ld (`any`: a valid address for the zero-filled chunks).
+  template <int kIters, int kStep, class Stage>
+  static __device__ __forceinline__ void copy_rows(Stage& s, int stage, int col, int k_first,
+                                                   bool col_ok, const int32_t* idx, int64_t rows,
+                                                   int row0, int row_end, const Bf16* base,
+                                                   int64_t ld, const Bf16* any) {
+#pragma unroll 4
+    for (int i = 0; i < kIters; ++i) {
+      const int k = k_first + i * kStep;
+      const int64_t r = col_ok ? src_row(idx, rows, row0 + k, row_end) : -1;
+      cp_async_16(&s(col, k, stage), r >= 0 ? base + r * ld : any, r >= 0);
+    }
+  }
+
   // Producer warpgroup: one stage per K block of the group's rows; A (rows x M block) and B
   // (rows x N block), each row as 16-byte chunks along M / N.
   static __device__ void load_tile(const Params& p, const TileCoord& tc, int k_tiles,
@@ -191,23 +207,15 @@ struct GatherWgrad {
         if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-#pragma unroll 4
-        for (int i = 0; i < kAIters; ++i) {
-          const int k = a_k + i * kAStep;
-          const int64_t r = a_col_ok ? src_row(p.a_idx, p.a_rows, row0 + k, tc.row_end) : -1;
-          cp_async_16(&sA(a_col, k, stage), r >= 0 ? a_base + r * p.m : p.a, r >= 0);
-        }
+        copy_rows<kAIters, kAStep>(sA, stage, a_col, a_k, a_col_ok, p.a_idx, p.a_rows, row0,
+                                   tc.row_end, a_base, p.m, p.a);
       }
       if constexpr (kTmaB) {
         if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-#pragma unroll 4
-        for (int i = 0; i < kBIters; ++i) {
-          const int k = b_k + i * kBStep;
-          const int64_t r = b_col_ok ? src_row(p.b_idx, p.b_rows, row0 + k, tc.row_end) : -1;
-          cp_async_16(&sB(b_col, k, stage), r >= 0 ? b_base + r * p.n : p.b, r >= 0);
-        }
+        copy_rows<kBIters, kBStep>(sB, stage, b_col, b_k, b_col_ok, p.b_idx, p.b_rows, row0,
+                                   tc.row_end, b_base, p.n, p.b);
       }
       if constexpr (kTma) {
         // Arrives once this thread's cp.async copies landed; the full barrier also waits for
@@ -301,24 +309,9 @@ struct GatherWgrad {
       return true;
     } else {
       using Layout = cute::conditional_t<kTmaA, SmemLayoutA, SmemLayoutB>;
-      constexpr int kStages = Pipeline::Stages;
-      constexpr size_t kElems = size_t(kTmaWidth) * kBK * kStages;
-      void* buf = std::aligned_alloc(1024, kElems * sizeof(Bf16));
-      if (buf == nullptr) return false;
-      Bf16* base = static_cast<Bf16*>(buf);
-      Tensor st_tensor = make_tensor(make_smem_ptr(base), Layout{});
-      const auto swz = [](int64_t x) { return x ^ (((x >> 6) & 7) << 3); };  // in bf16 elements
-      bool ok = size(st_tensor) == int64_t(kElems);
-      for (int st = 0; ok && st < kStages; ++st) {
-        for (int c = 0; ok && c < kTmaWidth; ++c) {
-          for (int k = 0; ok && k < kBK; ++k) {
-            const int64_t in_stage = (c / 64) * 64 * kBK + swz(c % 64 + 64 * k);
-            ok = &st_tensor(c, k, st) - base == int64_t(st) * kTmaWidth * kBK + in_stage;
-          }
-        }
-      }
-      std::free(buf);
-      return ok;
+      return stage_layout_is<Layout>(kTmaWidth, kBK, Pipeline::Stages, [](int c, int k) {
+        return (c / 64) * 64 * kBK + tma_swizzle_128b(c % 64 + 64 * k);
+      });
     }
   }
 
@@ -510,50 +503,16 @@ struct WgradLauncher {
       const int grid = static_cast<int>(tiles < sm_count() ? tiles : sm_count());
       kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
     } else {
-      // The TMA operand, a (a_rows, M) or b (b_rows, N), as a 2-D tensor, boxes of 64 columns x
-      // BK rows; rows 16-byte aligned (M, N % 8 == 0, checked by the handler); rows past the
-      // end read zeros.
-      const cuuint64_t cols = G::kTmaA ? p.m : p.n;
-      cuuint64_t dims[2] = {cols, cuuint64_t(G::kTmaA ? a_rows : b_rows)};
-      cuuint64_t row_bytes[1] = {cols * sizeof(Bf16)};
-      cuuint32_t box[2] = {64, G::kBK};
-      cuuint32_t elem_strides[2] = {1, 1};
-      const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
-          &kp.tma, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(G::kTmaA ? p.a : p.b),
-          dims, row_bytes,
-          box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-      if (r != CUDA_SUCCESS) return "cuTensorMapEncodeTiled failed: " + std::to_string(int(r));
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = G::kCluster;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg{};
-      cfg.blockDim = dim3(G::kThreads);
-      cfg.dynamicSmemBytes = G::kSmemBytes;
-      cfg.stream = stream;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      // Persistent: as many clusters as fit at once (queried once per device, host work only).
-      int device = 0;
-      cudaGetDevice(&device);
-      static thread_local int cached_device = -1, cached_clusters = 0;
-      if (device != cached_device) {
-        cfg.gridDim = dim3(sm_count());
-        err = cudaOccupancyMaxActiveClusters(&cached_clusters, kernel, &cfg);
-        if (err != cudaSuccess || cached_clusters < 1) {
-          return std::string("cudaOccupancyMaxActiveClusters: ") +
-                 (err != cudaSuccess ? cudaGetErrorString(err) : "no cluster fits");
-        }
-        cached_device = device;
-      }
-      const int64_t clusters = tiles < cached_clusters ? tiles : cached_clusters;
-      cfg.gridDim = dim3(static_cast<unsigned>(clusters * G::kCluster));
-      err = cudaLaunchKernelEx(&cfg, kernel, kp);
-      if (err != cudaSuccess) {
-        return std::string("gathered varlen-K launch: ") + cudaGetErrorString(err);
-      }
+      // The TMA operand, a (a_rows, M) or b (b_rows, N), boxes of 64 columns x BK rows; rows
+      // 16-byte aligned (M, N % 8 == 0, checked by the handler); rows past the end read zeros.
+      std::string tma_err = encode_tma_2d(G::kTmaA ? p.a : p.b, G::kTmaA ? p.m : p.n,
+                                          G::kTmaA ? a_rows : b_rows, G::kBK, &kp.tma,
+                                          "cuTensorMapEncodeTiled");
+      if (!tma_err.empty()) return tma_err;
+      std::string launch_err = launch_on_clusters(kernel, kp, G::kCluster, G::kThreads,
+                                                  G::kSmemBytes, tiles, stream,
+                                                  "gathered varlen-K launch");
+      if (!launch_err.empty()) return launch_err;
     }
     err = cudaGetLastError();
     if (err != cudaSuccess) return std::string("gathered varlen-K launch: ") + cudaGetErrorString(err);
