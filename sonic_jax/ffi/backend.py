@@ -70,7 +70,8 @@ class FfiKernels(ExpertKernels):
   4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM 7.04 and 4.09); the
   layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session 18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
-  (``ops.gathered_varlen_k``, cp.async 128 x 256) instead of from scatter_rows' (P, d) copy; with
+  (``ops.gathered_varlen_k``, 128 x 256: the gathered rows by cp.async, dH / A' by TMA
+  multicast over a 2-CTA cluster) instead of from scatter_rows' (P, d) copy; with
   ``fused_gather`` no (P, d) copy of x or dO is made in a training step. Opt-in: built in
   session 19, correct and fast only once a GPU run has shown it (docs/ffi.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
