@@ -119,6 +119,12 @@ MEASURED: dict[tuple[GemmKind, int, int], GemmConfig] = {
     (GemmKind.VARLEN_M_NN_BF16, 4096, 512): GemmConfig.PINGPONG_128x128_C2x1,
     # dw2 at n=1024: ping-pong 3.289 ms vs cooperative 3.433 ms.
     (GemmKind.VARLEN_K_F32, 1024, 4096): GemmConfig.PINGPONG_128x128_C2x1,
+    # Session 18's sweep at n = 256 (H200, benchmarks/results/raw/ffi-sweep-n256-h200-2026-12-05-s18/),
+    # the winners by more than 2 %: dw2 (bf16 dW) at 1.4B-n256 0.223 vs 0.266 ms and at 7B-n256
+    # 0.262 vs 0.271; dx_pairs at 30B-n256 3.578 vs 3.790.
+    (GemmKind.VARLEN_K_BF16, 256, 768): GemmConfig.PINGPONG_128x128_C2x1,
+    (GemmKind.VARLEN_K_BF16, 256, 1536): GemmConfig.PINGPONG_128x128_C2x1,
+    (GemmKind.VARLEN_M_NT_BF16, 4096, 512): GemmConfig.PINGPONG_128x128_C2x1,
 }
 
 
