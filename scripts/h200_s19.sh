@@ -14,7 +14,7 @@ source scripts/device_env.sh
 OUT=${OUT:-$PWD/s19_out}
 begin_call
 gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "gathered_varlen_k or layer_forward_backward"
-ffi_sweep "${EW_S:-90}" elementwise "dswiglu|swiglu_from|copy|config T=" --elementwise-only \
+(( ${EW_S:-90} > 0 )) && ffi_sweep "${EW_S:-90}" elementwise "dswiglu|swiglu_from|copy|config T=" --elementwise-only \
   --configs 40960,768,256,128,8 24576,1536,256,128,8 32768,4096,256,256,16 \
   24576,1536,512,64,4 32768,4096,1024,128,8 32768,4096,2048,64,4
 PROF_TAG=ffi kernel_profile "${PROF_S:-200}" \
