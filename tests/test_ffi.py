@@ -437,9 +437,9 @@ def test_sweep_elementwise_rows(monkeypatch):
 
 
 def test_ffi_kernels_dswiglu_switch():
-  assert FfiKernels().dswiglu == "block"  # the warp kernel has not run on a GPU yet
-  assert FfiKernels(dswiglu="warp") != FfiKernels()
-  assert "dswiglu='warp'" in repr(FfiKernels(dswiglu="warp"))
+  assert FfiKernels().dswiglu == "warp"  # faster at every measured shape (H200, session 20)
+  assert FfiKernels(dswiglu="block") != FfiKernels()
+  assert "dswiglu='block'" in repr(FfiKernels(dswiglu="block"))
   with pytest.raises(ValueError, match="dswiglu must be 'block' or 'warp', got 'grid'"):
     FfiKernels(dswiglu="grid")
 
@@ -609,7 +609,7 @@ def test_backward_entry_points_match_xla(routing, data):
 _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused_gather=True),
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
                    "fused_dh": FfiKernels(fused_epilogue="dh"),
-                   "dswiglu_warp": FfiKernels(dswiglu="warp"),
+                   "dswiglu_block": FfiKernels(dswiglu="block"),
                    "fused_gather_noinc": FfiKernels(fused_gather=True, gather_schedule="noinc"),
                    "fused_gather_cp_async": FfiKernels(fused_gather=True,
                                                        gather_schedule="cp_async"),
