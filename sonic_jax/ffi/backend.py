@@ -72,8 +72,8 @@ class FfiKernels(ExpertKernels):
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
   (``ops.gathered_varlen_k``, 128 x 256: the gathered rows by cp.async, dH / A' by TMA
   multicast over a 2-CTA cluster) instead of from scatter_rows' (P, d) copy; with
-  ``fused_gather`` no (P, d) copy of x or dO is made in a training step. Opt-in: built in
-  session 19, correct and fast only once a GPU run has shown it (docs/ffi.md).
+  ``fused_gather`` no (P, d) copy of x or dO is made in a training step. Opt-in: correct on
+  the H200 but 3-8x slower than scatter + the TMA varlen-K GEMM (session 20, docs/ffi.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)

@@ -107,7 +107,7 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     # epilogues fused: 36.13 ms under tma_b's fused gather vs 39.64 under cp_async).
     GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
-    # Session 19, not yet run on a GPU: the schedule that takes both operands gathered;
+    # The schedule that takes both operands gathered (correct on the H200, slow: session 20);
     # ops.gathered_varlen_k picks GATHER_TMA_B_128x256_C2x1 where one is not (dW1, dW2).
     GemmKind.VARLEN_K_GATHER_BF16: GemmConfig.GATHER_COOP_128x256,
 }
