@@ -170,24 +170,38 @@ struct GatherWgrad {
     return r >= 0 && r < rows ? r : -1;
   }
 
+  // Source rows (-1: zero-fill) of this thread's rows k_first + i · kStep, i < kIters, of the
+  // stage whose first grouped row is row0 (`col_ok` false: the whole chunk column is outside
+  // the operand). Issued one stage ahead of the copies that use them: every K block takes new
+  // rows, so a lookup issued right before its cp.async would put the index latency on the
+  // producer's path at every stage (the varlen-M kernels look a row up once per output tile).
+  template <int kIters, int kStep>
+  static __device__ __forceinline__ void fetch_rows(int32_t (&src)[kIters], int k_first,
+                                                    bool col_ok, const int32_t* idx,
+                                                    int64_t rows, int row0, int row_end) {
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      src[i] = col_ok ? int32_t(src_row(idx, rows, row0 + k_first + i * kStep, row_end)) : -1;
+    }
+  }
+
   // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
-  // block, `col_ok` when inside the operand) of rows k_first + i · kStep, i < kIters, read from
-  // base + src_row · ld (`any`: a valid address for the zero-filled chunks).
+  // block) of rows k_first + i · kStep from base + src[i] · ld (`any`: a valid address for the
+  // zero-filled chunks).
   template <int kIters, int kStep, class Stage>
   static __device__ __forceinline__ void copy_rows(Stage& s, int stage, int col, int k_first,
-                                                   bool col_ok, const int32_t* idx, int64_t rows,
-                                                   int row0, int row_end, const Bf16* base,
-                                                   int64_t ld, const Bf16* any) {
-#pragma unroll 4
+                                                   const int32_t (&src)[kIters],
+                                                   const Bf16* base, int64_t ld, const Bf16* any) {
+#pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int k = k_first + i * kStep;
-      const int64_t r = col_ok ? src_row(idx, rows, row0 + k, row_end) : -1;
-      cp_async_16(&s(col, k, stage), r >= 0 ? base + r * ld : any, r >= 0);
+      const int64_t r = src[i];
+      cp_async_16(&s(col, k_first + i * kStep, stage), r >= 0 ? base + r * ld : any, r >= 0);
     }
   }
 
   // Producer warpgroup: one stage per K block of the group's rows; A (rows x M block) and B
-  // (rows x N block), each row as 16-byte chunks along M / N.
+  // (rows x N block), each row as 16-byte chunks along M / N. The gathered operands' source
+  // rows of K block kt + 1 are looked up while the copies of block kt are issued.
   static __device__ void load_tile(const Params& p, const TileCoord& tc, int k_tiles,
                                    Pipeline& pipe, PipeState& state, Publisher& pub,
                                    typename Mainloop::TensorStorage& smem, int tid, int rank) {
@@ -199,23 +213,52 @@ struct GatherWgrad {
     const bool a_col_ok = tc.m0 + a_col < p.m, b_col_ok = tc.n0 + b_col < p.n;
     const Bf16* a_base = p.a + tc.m0 + a_col;
     const Bf16* b_base = p.b + tc.n0 + b_col;
+    int32_t a_next[kTmaA ? 1 : kAIters], b_next[kTmaB ? 1 : kBIters];
+    if (k_tiles > 0) {
+      if constexpr (!kTmaA) {
+        fetch_rows<kAIters, kAStep>(a_next, a_k, a_col_ok, p.a_idx, p.a_rows, tc.row_begin,
+                                    tc.row_end);
+      }
+      if constexpr (!kTmaB) {
+        fetch_rows<kBIters, kBStep>(b_next, b_k, b_col_ok, p.b_idx, p.b_rows, tc.row_begin,
+                                    tc.row_end);
+      }
+    }
     for (int kt = 0; kt < k_tiles; ++kt) {
+      const int row0 = tc.row_begin + kt * kBK;
+      const bool more = kt + 1 < k_tiles;
+      // This block's source rows, then the next block's lookups, in flight while this thread
+      // waits for a free stage and issues this block's copies.
+      int32_t a_src[kTmaA ? 1 : kAIters], b_src[kTmaB ? 1 : kBIters];
+      if constexpr (!kTmaA) {
+#pragma unroll
+        for (int i = 0; i < kAIters; ++i) a_src[i] = a_next[i];
+        if (more) {
+          fetch_rows<kAIters, kAStep>(a_next, a_k, a_col_ok, p.a_idx, p.a_rows, row0 + kBK,
+                                      tc.row_end);
+        }
+      }
+      if constexpr (!kTmaB) {
+#pragma unroll
+        for (int i = 0; i < kBIters; ++i) b_src[i] = b_next[i];
+        if (more) {
+          fetch_rows<kBIters, kBStep>(b_next, b_k, b_col_ok, p.b_idx, p.b_rows, row0 + kBK,
+                                      tc.row_end);
+        }
+      }
       pipe.producer_acquire(state);
       const int stage = state.index();
-      const int row0 = tc.row_begin + kt * kBK;
       if constexpr (kTmaA) {
         if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kAIters, kAStep>(sA, stage, a_col, a_k, a_col_ok, p.a_idx, p.a_rows, row0,
-                                   tc.row_end, a_base, p.m, p.a);
+        copy_rows<kAIters, kAStep>(sA, stage, a_col, a_k, a_src, a_base, p.m, p.a);
       }
       if constexpr (kTmaB) {
         if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kBIters, kBStep>(sB, stage, b_col, b_k, b_col_ok, p.b_idx, p.b_rows, row0,
-                                   tc.row_end, b_base, p.n, p.b);
+        copy_rows<kBIters, kBStep>(sB, stage, b_col, b_k, b_src, b_base, p.n, p.b);
       }
       if constexpr (kTma) {
         // Arrives once this thread's cp.async copies landed; the full barrier also waits for

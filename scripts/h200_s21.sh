@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Next device call (prepared in session 20; carry the built library): the gathered varlen-K
+# kernel (kind 10) after its producer started looking up the next K block's rows one stage
+# ahead (session 20 measured it 3-8x slower than scatter + CUTLASS's varlen-K GEMM):
+# 1. its GPU tests against float64 and the layer tests that run it;
+# 2. the ffi step per kernel with and without wgrad_gather (and with the fused gather) at the
+#    three shapes session 20 measured;
+# 3. compute-sanitizer memcheck of the kind-10 tests.
+#   run(command="bash scripts/h200_s21.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s21_out}
+begin_call
+gpu_tests "${TEST_S:-120}" tests/test_ffi.py \
+  -k "gathered_varlen_k or (layer_forward_backward and (wgrad or all_gathers or mixed_pallas_wgrad))"
+PROF_TAG=ffi kernel_profile "${PROF_S:-210}" \
+  "paper-30B-n256,paper-120B-n1024,paper-1.4B-n256" \
+  "ffi,ffi:wgrad-gather,ffi:fused-gather:wgrad-gather" 0.05
+echo "== [$(since) s] memcheck"
+XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
+  timeout "${MC_S:-100}" compute-sanitizer --tool memcheck $PY -m pytest -m gpu -q \
+  -p no:cacheprovider tests/test_ffi.py -k "gathered_varlen_k and (topk or empty or token_rounding)" \
+  > "$OUT/memcheck.log" 2>&1
+grep -E "ERROR SUMMARY|passed|failed|Invalid" "$OUT/memcheck.log" | head -n 20
+echo "== [$(since) s] done"
