@@ -5,7 +5,9 @@
 # 1. its GPU tests against float64 and the layer tests that run it;
 # 2. the ffi step per kernel with and without wgrad_gather (and with the fused gather) at the
 #    three shapes session 20 measured;
-# 3. compute-sanitizer memcheck of the kind-10 tests.
+# 3. compute-sanitizer memcheck of the kind-10 tests;
+# 4. the ffi layer benchmark of the four preset configs, whose rows are still session 12's
+#    (before the warp dSwiGLU default).
 #   run(command="bash scripts/h200_s21.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
 source scripts/device_env.sh
@@ -22,4 +24,6 @@ XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
   -p no:cacheprovider tests/test_ffi.py -k "gathered_varlen_k and (topk or empty or token_rounding)" \
   > "$OUT/memcheck.log" 2>&1
 grep -E "ERROR SUMMARY|passed|failed|Invalid" "$OUT/memcheck.log" | head -n 20
+BACKENDS=ffi layer_bench "${TOTAL_S:-540}" "${BENCH_TAG:-s21-ffi-presets}" \
+  DeepSeek-V3-like Mixtral-8x7B Qwen3-30B-A3B OLMoE-1B-7B
 echo "== [$(since) s] done"
