@@ -170,20 +170,36 @@ struct GatherWgrad {
     return r >= 0 && r < rows ? r : -1;
   }
 
-  // Source rows (-1: zero-fill) of this thread's rows k_first + i · kStep, i < kIters, of the
-  // stage whose first grouped row is row0 (`col_ok` false: the whole chunk column is outside
-  // the operand). Issued one stage ahead of the copies that use them: every K block takes new
-  // rows, so a lookup issued right before its cp.async would put the index latency on the
-  // producer's path at every stage (the varlen-M kernels look a row up once per output tile).
+  // One gathered operand's source rows (-1: zero-fill) for this thread's rows k_first + i ·
+  // kStep, i < kIters, of a K block, looked up one block ahead of the copies that use them:
+  // every K block takes new rows, so a lookup issued right before its cp.async would put the
+  // index latency on the producer's path at every stage (the varlen-M kernels look a row up
+  // once per output tile). `col_ok` false: the whole chunk column is outside the operand.
   template <int kIters, int kStep>
-  static __device__ __forceinline__ void fetch_rows(int32_t (&src)[kIters], int k_first,
-                                                    bool col_ok, const int32_t* idx,
-                                                    int64_t rows, int row0, int row_end) {
+  struct RowLookahead {
+    int k_first;
+    bool col_ok;
+    const int32_t* idx;
+    int64_t rows;
+    int row_end;
+    int32_t next[kIters];
+
+    // Issues the lookups of the K block whose first grouped row is row0.
+    __device__ __forceinline__ void fetch(int row0) {
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      src[i] = col_ok ? int32_t(src_row(idx, rows, row0 + k_first + i * kStep, row_end)) : -1;
+      for (int i = 0; i < kIters; ++i) {
+        next[i] = col_ok ? int32_t(src_row(idx, rows, row0 + k_first + i * kStep, row_end)) : -1;
+      }
     }
-  }
+
+    // `src` gets the rows of the block fetched last; then, if `more`, the lookups of the block
+    // at row0_next are issued.
+    __device__ __forceinline__ void take(int32_t (&src)[kIters], bool more, int row0_next) {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) src[i] = next[i];
+      if (more) fetch(row0_next);
+    }
+  };
 
   // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
   // block) of rows k_first + i · kStep from base + src[i] · ld (`any`: a valid address for the
@@ -201,7 +217,7 @@ struct GatherWgrad {
 
   // Producer warpgroup: one stage per K block of the group's rows; A (rows x M block) and B
   // (rows x N block), each row as 16-byte chunks along M / N. The gathered operands' source
-  // rows of K block kt + 1 are looked up while the copies of block kt are issued.
+  // rows of K block kt + 1 are looked up (RowLookahead) while the copies of block kt are issued.
   static __device__ void load_tile(const Params& p, const TileCoord& tc, int k_tiles,
                                    Pipeline& pipe, PipeState& state, Publisher& pub,
                                    typename Mainloop::TensorStorage& smem, int tid, int rank) {
@@ -213,39 +229,18 @@ struct GatherWgrad {
     const bool a_col_ok = tc.m0 + a_col < p.m, b_col_ok = tc.n0 + b_col < p.n;
     const Bf16* a_base = p.a + tc.m0 + a_col;
     const Bf16* b_base = p.b + tc.n0 + b_col;
-    int32_t a_next[kTmaA ? 1 : kAIters], b_next[kTmaB ? 1 : kBIters];
-    if (k_tiles > 0) {
-      if constexpr (!kTmaA) {
-        fetch_rows<kAIters, kAStep>(a_next, a_k, a_col_ok, p.a_idx, p.a_rows, tc.row_begin,
-                                    tc.row_end);
-      }
-      if constexpr (!kTmaB) {
-        fetch_rows<kBIters, kBStep>(b_next, b_k, b_col_ok, p.b_idx, p.b_rows, tc.row_begin,
-                                    tc.row_end);
-      }
-    }
+    RowLookahead<kAIters, kAStep> a_rows{a_k, a_col_ok, p.a_idx, p.a_rows, tc.row_end};
+    RowLookahead<kBIters, kBStep> b_rows{b_k, b_col_ok, p.b_idx, p.b_rows, tc.row_end};
+    if constexpr (!kTmaA) a_rows.fetch(tc.row_begin);
+    if constexpr (!kTmaB) b_rows.fetch(tc.row_begin);
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int row0 = tc.row_begin + kt * kBK;
       const bool more = kt + 1 < k_tiles;
       // This block's source rows, then the next block's lookups, in flight while this thread
       // waits for a free stage and issues this block's copies.
-      int32_t a_src[kTmaA ? 1 : kAIters], b_src[kTmaB ? 1 : kBIters];
-      if constexpr (!kTmaA) {
-#pragma unroll
-        for (int i = 0; i < kAIters; ++i) a_src[i] = a_next[i];
-        if (more) {
-          fetch_rows<kAIters, kAStep>(a_next, a_k, a_col_ok, p.a_idx, p.a_rows, row0 + kBK,
-                                      tc.row_end);
-        }
-      }
-      if constexpr (!kTmaB) {
-#pragma unroll
-        for (int i = 0; i < kBIters; ++i) b_src[i] = b_next[i];
-        if (more) {
-          fetch_rows<kBIters, kBStep>(b_next, b_k, b_col_ok, p.b_idx, p.b_rows, row0 + kBK,
-                                      tc.row_end);
-        }
-      }
+      int32_t a_src[kAIters], b_src[kBIters];
+      if constexpr (!kTmaA) a_rows.take(a_src, more, row0 + kBK);
+      if constexpr (!kTmaB) b_rows.take(b_src, more, row0 + kBK);
       pipe.producer_acquire(state);
       const int stage = state.index();
       if constexpr (kTmaA) {
