@@ -40,6 +40,20 @@ gpu_tests() {
   grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/gpu-tests.log" | head -n 20 | cut -c1-200
 }
 
+# memcheck SECONDS FILE -k EXPR: compute-sanitizer memcheck of the marked GPU tests of FILE
+# selected by EXPR, log in $OUT/memcheck.log. XLA's platform allocator (every buffer its own
+# allocation) and no autotuning: with XLA's defaults the process segfaulted under the sanitizer
+# (session 20).
+memcheck() {
+  local secs=$1 file=$2
+  shift 2
+  echo "== [$(since) s] memcheck"
+  XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
+    timeout "$secs" compute-sanitizer --tool memcheck $PY -m pytest -m gpu -q \
+    -p no:cacheprovider "$file" "$@" > "$OUT/memcheck.log" 2>&1
+  grep -E "ERROR SUMMARY|passed|failed|Invalid" "$OUT/memcheck.log" | head -n 20
+}
+
 # memory_report SECONDS ROWS CONFIGS VARIANTS: benchmarks/memory_report.py (compile only) into
 # $OUT/mem.
 memory_report() {

@@ -12,11 +12,6 @@ OUT=${OUT:-$PWD/s19b_out}
 begin_call
 PROF_TAG=mixed kernel_profile "${MIX_S:-150}" "paper-7B-n256,paper-120B-n1024" \
   "pallas,pallas+dx_pairs=ffi,pallas+up_proj/dw1=ffi,pallas+dw1/dw2=ffi:wgrad-gather,pallas+dh/dw2=ffi:dswiglu=warp,pallas::dw1.cluster_m=2" 0.05
-echo "== [$(since) s] memcheck"
-XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
-  timeout "${MC_S:-200}" compute-sanitizer --tool memcheck $PY -m pytest -m gpu -q \
-  -p no:cacheprovider tests/test_ffi.py \
-  -k "(gathered_varlen_k and (topk or ragged or empty)) or (every_gemm_schedule and COOPERATIVE)" \
-  > "$OUT/memcheck.log" 2>&1
-grep -E "ERROR SUMMARY|passed|failed|Invalid" "$OUT/memcheck.log" | head -n 20
+memcheck "${MC_S:-200}" tests/test_ffi.py \
+  -k "(gathered_varlen_k and (topk or ragged or empty)) or (every_gemm_schedule and COOPERATIVE)"
 echo "== [$(since) s] done"
