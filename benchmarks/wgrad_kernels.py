@@ -1,0 +1,79 @@
+"""Runs the ffi weight-gradient GEMMs of one layer shape, for a profiler to look at.
+
+  python benchmarks/wgrad_kernels.py --config T,d,n,E,K [--iters 3] [--variants gather,plain]
+
+dW1 = x[idx]ᵀ · dH and dW2 = A'ᵀ · dO[idx] for a top-K routing of random logits, random bf16
+data: ``gather`` runs the gathered varlen-K kernel (kind 10, ops.gathered_varlen_k), ``plain``
+CUTLASS's varlen-K GEMM on rows gathered beforehand (what the default backward runs). Each is
+compiled, checked against the other (relative error printed) and called --iters times, so that
+e.g. ``ncu -k regex:gather_wgrad --launch-skip 2 --launch-count 2`` profiles warm launches.
+Prints the CUPTI median per variant as well (sonic_jax.bench.timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sonic_jax.bench.timing import compile_and_time
+from sonic_jax.ffi import ops
+from sonic_jax.ffi.ops import GemmKind
+from sonic_jax.routing import route_logits
+
+
+def _rel(a: jax.Array, b: jax.Array) -> float:
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--config", default="32768,4096,256,256,16", help="T,d,n,E,K")
+  ap.add_argument("--iters", type=int, default=3)
+  ap.add_argument("--variants", default="gather,plain")
+  ap.add_argument("--time", action="store_true", help="also print CUPTI medians (10 runs)")
+  args = ap.parse_args()
+  t, d, n, e, k = (int(v) for v in args.config.split(","))
+  ks = jax.random.split(jax.random.key(0), 6)
+  plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
+  idx, offs = plan.gather_idx, plan.group_offsets
+  rows = idx.shape[0]
+  bf = jnp.bfloat16
+  x = jax.random.normal(ks[1], (t, d), bf)
+  dout = jax.random.normal(ks[2], (t, d), bf)
+  dh = jax.random.normal(ks[3], (rows, 2 * n), bf)
+  a_prime = jax.random.normal(ks[4], (rows, n), bf)
+
+  fns = {
+      "gather": {
+          "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o)),
+          "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o)),
+      },
+      "plain": {
+          "dw1": jax.jit(lambda x, i, g, o: ops.grouped_gemm(
+              ops.gather_rows(x, i, o), g, o, GemmKind.VARLEN_K_BF16)),
+          "dw2": jax.jit(lambda a, g, i, o: ops.grouped_gemm(
+              a, ops.gather_rows(g, i, o), o, GemmKind.VARLEN_K_BF16)),
+      },
+  }
+  operands = {"dw1": (x, idx, dh, offs), "dw2": (a_prime, dout, idx, offs)}
+  out = {}
+  for which in ("dw1", "dw2"):
+    for variant in args.variants.split(","):
+      f = fns[variant][which]
+      for _ in range(args.iters):
+        res = f(*operands[which])
+      out[variant, which] = jax.block_until_ready(res)
+      if args.time:
+        ms = compile_and_time(f, operands[which], iters=10).timing.median_ms
+        print(f"{which} {variant}: {ms:.3f} ms", flush=True)
+    if len(out) >= 2 and ("gather", which) in out and ("plain", which) in out:
+      print(f"{which}: rel(gather, plain) = {_rel(out['gather', which], out['plain', which]):.2e}",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main()
