@@ -4,7 +4,9 @@
 
 dW1 = x[idx]ᵀ · dH and dW2 = A'ᵀ · dO[idx] for a top-K routing of random logits, random bf16
 data: ``gather`` runs the gathered varlen-K kernel (kind 10, ops.gathered_varlen_k), ``plain``
-CUTLASS's varlen-K GEMM on rows gathered beforehand (what the default backward runs). Each is
+CUTLASS's varlen-K GEMM on rows gathered beforehand (what the default backward runs),
+``inorder`` kind 10 on those pre-gathered rows (no index: is the gather or the kernel slow?),
+``coop`` kind 10 with both operands by cp.async (GATHER_COOP_128x256) and the index. Each is
 compiled, checked against the other (relative error printed) and called --iters times, so that
 e.g. ``ncu -k regex:gather_wgrad --launch-skip 2 --launch-count 2`` profiles warm launches.
 Prints the CUPTI median per variant as well (sonic_jax.bench.timing).
@@ -20,7 +22,7 @@ import numpy as np
 
 from sonic_jax.bench.timing import compile_and_time
 from sonic_jax.ffi import ops
-from sonic_jax.ffi.ops import GemmKind
+from sonic_jax.ffi.ops import GemmConfig, GemmKind
 from sonic_jax.routing import route_logits
 
 
@@ -59,6 +61,19 @@ def main() -> None:
               a, ops.gather_rows(g, i, o), o, GemmKind.VARLEN_K_BF16)),
       },
   }
+  coop = GemmConfig.GATHER_COOP_128x256
+  fns["inorder"] = {
+      "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(
+          ops.gather_rows(x, i, o), None, g, None, o,
+          config=GemmConfig.GATHER_TMA_B_128x256_C2x1)),
+      "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(
+          a, None, ops.gather_rows(g, i, o), None, o,
+          config=GemmConfig.GATHER_TMA_B_128x256_C2x1)),
+  }
+  fns["coop"] = {
+      "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o, config=coop)),
+      "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o, config=coop)),
+  }
   operands = {"dw1": (x, idx, dh, offs), "dw2": (a_prime, dout, idx, offs)}
   out = {}
   for which in ("dw1", "dw2"):
@@ -70,9 +85,11 @@ def main() -> None:
       if args.time:
         ms = compile_and_time(f, operands[which], iters=10).timing.median_ms
         print(f"{which} {variant}: {ms:.3f} ms", flush=True)
-    if len(out) >= 2 and ("gather", which) in out and ("plain", which) in out:
-      print(f"{which}: rel(gather, plain) = {_rel(out['gather', which], out['plain', which]):.2e}",
-            flush=True)
+    if ("plain", which) in out:
+      for variant in args.variants.split(","):
+        if variant != "plain":
+          rel = _rel(out[variant, which], out["plain", which])
+          print(f"{which}: rel({variant}, plain) = {rel:.2e}", flush=True)
 
 
 if __name__ == "__main__":
