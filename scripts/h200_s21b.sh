@@ -29,7 +29,7 @@ for cfg in ${CONFIGS%% *}; do
   grep -E "gather_wgrad_kernel|device_kernel|^    Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|rel\(" \
     "$OUT/ncu-$tag.txt" | cut -c1-160 | head -70
 done
-if grep -q H200 "$OUT/gpu.txt"; then
+if [[ ${BENCH:-1} == 1 ]] && grep -q H200 "$OUT/gpu.txt"; then
   BACKENDS=ffi layer_bench "${TOTAL_S:-450}" s21-ffi-presets DeepSeek-V3-like Mixtral-8x7B
 fi
 echo "== [$(since) s] done"
