@@ -56,6 +56,11 @@ struct LagPublisher {
   }
 };
 
+// Rows of the gathered operands' index staged in shared memory per chunk (GatherWgrad::RowStager):
+// kIdxChunk rows (16 K blocks of 64) per buffer, two buffers per operand, two operands.
+constexpr int kIdxChunk = 1024;
+constexpr int kIdxBytes = 2 * 2 * kIdxChunk * int(sizeof(int32_t));
+
 // The CUTLASS collective whose stage layouts, pipeline and (cp.async) consumer half the kernel
 // uses: MN-major A (ColumnMajor (M, K)) and B (RowMajor (K, N)); the TMA one of a 2-CTA cluster
 // with kTma (its PipelineTmaAsync releases a stage to both CTAs' producers; the cluster is
@@ -66,7 +71,7 @@ struct WgradMainloopOf {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
       cutlass::layout::ColumnMajor, 8, cutlass::bfloat16_t, cutlass::layout::RowMajor, 8, float,
       Tile, cute::Shape<cute::_1, cute::_1, cute::_1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024 + kIdxBytes>,
       cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
 };
 template <class Tile>
@@ -75,7 +80,7 @@ struct WgradMainloopOf<true, Tile> {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
       cutlass::layout::ColumnMajor, 8, cutlass::bfloat16_t, cutlass::layout::RowMajor, 8, float,
       Tile, cute::Shape<cute::_2, cute::_1, cute::_1>,
-      cutlass::gemm::collective::StageCountAutoCarveout<1024>,
+      cutlass::gemm::collective::StageCountAutoCarveout<1024 + kIdxBytes>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 };
 
@@ -121,9 +126,14 @@ struct GatherWgrad {
   static_assert(kBM * kBK * int(sizeof(Bf16)) * Pipeline::Stages % 1024 == 0,
                 "B stages must start 1024-byte aligned (128-byte swizzle)");
 
+  static constexpr int kBlocksPerChunk = kIdxChunk / kBK;
+  static constexpr int kIdxPerThread = kIdxChunk / kProducerThreads;
+  static_assert(kIdxChunk % kBK == 0 && kIdxChunk % kProducerThreads == 0);
+
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
+    int32_t rows[2][2][kIdxChunk];  // [operand A / B][buffer][row of the chunk]: source rows
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
@@ -170,56 +180,68 @@ struct GatherWgrad {
     return r >= 0 && r < rows ? r : -1;
   }
 
-  // One gathered operand's source rows (-1: zero-fill) for this thread's rows k_first + i ·
-  // kStep, i < kIters, of a K block, looked up one block ahead of the copies that use them:
-  // every K block takes new rows, so a lookup issued right before its cp.async would put the
-  // index latency on the producer's path at every stage (the varlen-M kernels look a row up
-  // once per output tile). `col_ok` false: the whole chunk column is outside the operand.
-  template <int kIters, int kStep>
-  struct RowLookahead {
-    int k_first;
-    bool col_ok;
+  // One gathered operand's source rows (-1: zero-fill), kIdxChunk grouped rows at a time, in
+  // shared memory. Every K block takes 64 new rows, so a lookup right before its copies puts
+  // a dependent global load on the producer's path at every stage (session 21, Nsight Compute:
+  // 80 % of the producer's cycles waiting on them, also with a one-block lookahead, since the
+  // consumers wait for that same stage). Here each producer thread loads kIdxPerThread rows of
+  // the next chunk (coalesced: row t + 128 j) while the copies of the current chunk read theirs
+  // from shared memory; at a chunk boundary the loaded rows go into the chunk's buffer (two,
+  // alternating) behind a producer-only barrier. The last chunk of a tile loads the first chunk
+  // of the producer's next tile, so the latency is hidden there too.
+  struct RowStager {
     const int32_t* idx;
     int64_t rows;
-    int row_end;
-    int32_t next[kIters];
+    int32_t* buf;  // [2][kIdxChunk] in shared memory
+    int32_t pend[kIdxPerThread];
 
-    // Issues the lookups of the K block whose first grouped row is row0.
-    __device__ __forceinline__ void fetch(int row0) {
+    // Issues the loads of rows [chunk · kIdxChunk, ...) of the tile with group rows [begin, end).
+    __device__ __forceinline__ void fetch(int begin, int end, int chunk, int tid) {
+      const int row0 = begin + chunk * kIdxChunk + tid;
 #pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        next[i] = col_ok ? int32_t(src_row(idx, rows, row0 + k_first + i * kStep, row_end)) : -1;
+      for (int j = 0; j < kIdxPerThread; ++j) {
+        pend[j] = int32_t(src_row(idx, rows, row0 + j * kProducerThreads, end));
       }
     }
 
-    // `src` gets the rows of the block fetched last; then, if `more`, the lookups of the block
-    // at row0_next are issued.
-    __device__ __forceinline__ void take(int32_t (&src)[kIters], bool more, int row0_next) {
+    // Writes the fetched rows into chunk `chunk`'s buffer (the caller syncs before reading).
+    __device__ __forceinline__ void publish(int chunk, int tid) {
+      int32_t* dst = buf + (chunk & 1) * kIdxChunk + tid;
 #pragma unroll
-      for (int i = 0; i < kIters; ++i) src[i] = next[i];
-      if (more) fetch(row0_next);
+      for (int j = 0; j < kIdxPerThread; ++j) dst[j * kProducerThreads] = pend[j];
+    }
+
+    // The source rows of K block kt (of the current tile): kBK entries.
+    __device__ __forceinline__ const int32_t* block(int kt) const {
+      return buf + ((kt / kBlocksPerChunk) & 1) * kIdxChunk + (kt % kBlocksPerChunk) * kBK;
     }
   };
 
+  static __device__ __forceinline__ void producer_sync() {
+    cutlass::arch::NamedBarrier::sync(kProducerThreads, 1);  // consumers use id 0
+  }
+
   // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
-  // block) of rows k_first + i · kStep from base + src[i] · ld (`any`: a valid address for the
-  // zero-filled chunks).
+  // block) of rows k_first + i · kStep from base + src[k_first + i · kStep] · ld (src: the K
+  // block's source rows in shared memory; `any`: a valid address for the zero-filled chunks).
   template <int kIters, int kStep, class Stage>
   static __device__ __forceinline__ void copy_rows(Stage& s, int stage, int col, int k_first,
-                                                   const int32_t (&src)[kIters],
+                                                   bool col_ok, const int32_t* src,
                                                    const Bf16* base, int64_t ld, const Bf16* any) {
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int64_t r = src[i];
+      const int64_t r = col_ok ? src[k_first + i * kStep] : -1;
       cp_async_16(&s(col, k_first + i * kStep, stage), r >= 0 ? base + r * ld : any, r >= 0);
     }
   }
 
   // Producer warpgroup: one stage per K block of the group's rows; A (rows x M block) and B
-  // (rows x N block), each row as 16-byte chunks along M / N. The gathered operands' source
-  // rows of K block kt + 1 are looked up (RowLookahead) while the copies of block kt are issued.
-  static __device__ void load_tile(const Params& p, const TileCoord& tc, int k_tiles,
-                                   Pipeline& pipe, PipeState& state, Publisher& pub,
+  // (rows x N block), each row as 16-byte chunks along M / N. The gathered operands' source rows
+  // come from their RowStager, whose `pend` holds this tile's first chunk on entry and, on
+  // return, the first chunk of `next` (the producer's next tile, if has_next).
+  static __device__ void load_tile(const Params& p, const TileCoord& tc, bool has_next,
+                                   const TileCoord& next, int k_tiles, Pipeline& pipe, PipeState& state, Publisher& pub,
+                                   RowStager& sa, RowStager& sb,
                                    typename Mainloop::TensorStorage& smem, int tid, int rank) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
@@ -229,31 +251,51 @@ struct GatherWgrad {
     const bool a_col_ok = tc.m0 + a_col < p.m, b_col_ok = tc.n0 + b_col < p.n;
     const Bf16* a_base = p.a + tc.m0 + a_col;
     const Bf16* b_base = p.b + tc.n0 + b_col;
-    RowLookahead<kAIters, kAStep> a_rows{a_k, a_col_ok, p.a_idx, p.a_rows, tc.row_end};
-    RowLookahead<kBIters, kBStep> b_rows{b_k, b_col_ok, p.b_idx, p.b_rows, tc.row_end};
-    if constexpr (!kTmaA) a_rows.fetch(tc.row_begin);
-    if constexpr (!kTmaB) b_rows.fetch(tc.row_begin);
+    const int chunks = (k_tiles + kBlocksPerChunk - 1) / kBlocksPerChunk;
+    // Loads of the chunk after `c` (this tile's or the next tile's first).
+    auto fetch_after = [&](int c) {
+      if (c + 1 < chunks) {
+        if constexpr (!kTmaA) sa.fetch(tc.row_begin, tc.row_end, c + 1, tid);
+        if constexpr (!kTmaB) sb.fetch(tc.row_begin, tc.row_end, c + 1, tid);
+      } else if (has_next) {
+        if constexpr (!kTmaA) sa.fetch(next.row_begin, next.row_end, 0, tid);
+        if constexpr (!kTmaB) sb.fetch(next.row_begin, next.row_end, 0, tid);
+      }
+    };
+    // Chunk c's rows into their buffer. The barrier before: no thread still reads that buffer
+    // (the previous tile may have used it); after: every thread sees the rows.
+    auto publish = [&](int c, bool sync_before) {
+      if (sync_before) producer_sync();
+      if constexpr (!kTmaA) sa.publish(c, tid);
+      if constexpr (!kTmaB) sb.publish(c, tid);
+      producer_sync();
+    };
+    publish(0, true);
+    fetch_after(0);
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int row0 = tc.row_begin + kt * kBK;
-      const bool more = kt + 1 < k_tiles;
-      // This block's source rows, then the next block's lookups, in flight while this thread
-      // waits for a free stage and issues this block's copies.
-      int32_t a_src[kAIters], b_src[kBIters];
-      if constexpr (!kTmaA) a_rows.take(a_src, more, row0 + kBK);
-      if constexpr (!kTmaB) b_rows.take(b_src, more, row0 + kBK);
+      if (kt > 0 && kt % kBlocksPerChunk == 0) {
+        // Buffer c & 1 was last read in chunk c - 2, before every thread passed the barrier
+        // that published chunk c - 1.
+        const int c = kt / kBlocksPerChunk;
+        publish(c, false);
+        fetch_after(c);
+      }
       pipe.producer_acquire(state);
       const int stage = state.index();
       if constexpr (kTmaA) {
         if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kAIters, kAStep>(sA, stage, a_col, a_k, a_src, a_base, p.m, p.a);
+        copy_rows<kAIters, kAStep>(sA, stage, a_col, a_k, a_col_ok, sa.block(kt), a_base, p.m,
+                                   p.a);
       }
       if constexpr (kTmaB) {
         if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kBIters, kBStep>(sB, stage, b_col, b_k, b_src, b_base, p.n, p.b);
+        copy_rows<kBIters, kBStep>(sB, stage, b_col, b_k, b_col_ok, sb.block(kt), b_base, p.n,
+                                   p.b);
       }
       if constexpr (kTma) {
         // Arrives once this thread's cp.async copies landed; the full barrier also waits for
@@ -456,9 +498,20 @@ struct GatherWgrad {
       if constexpr (kTma) {
         if (tid == 0) cute::prefetch_tma_descriptor(&p.tma);
       }
+      RowStager sa{p.a_idx, p.a_rows, &smem.rows[0][0][0]};
+      RowStager sb{p.b_idx, p.b_rows, &smem.rows[1][0][0]};
+      if (first < total) {
+        const TileCoord tc = locate(p, first, rank);
+        if constexpr (!kTmaA) sa.fetch(tc.row_begin, tc.row_end, 0, tid);
+        if constexpr (!kTmaB) sb.fetch(tc.row_begin, tc.row_end, 0, tid);
+      }
       for (int tile = first; tile < total; tile += step) {
         const TileCoord tc = locate(p, tile, rank);
-        load_tile(p, tc, k_tiles_of(tc), pipe, state, pub, smem.tensors, tid, rank);
+        const bool more = tile + step < total;
+        TileCoord next{};
+        if (more) next = locate(p, tile + step, rank);
+        load_tile(p, tc, more, next, k_tiles_of(tc), pipe, state, pub, sa, sb,
+                  smem.tensors, tid, rank);
       }
       if constexpr (!kTma) pub.flush(pipe);
       // The consumers (of both CTAs, with kTma) release every stage before the CTA exits.
