@@ -49,6 +49,7 @@ def main() -> None:
   dh = jax.random.normal(ks[3], (rows, 2 * n), bf)
   a_prime = jax.random.normal(ks[4], (rows, n), bf)
 
+  tma_b, coop = GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_COOP_128x256
   fns = {
       "gather": {
           "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o)),
@@ -60,19 +61,16 @@ def main() -> None:
           "dw2": jax.jit(lambda a, g, i, o: ops.grouped_gemm(
               a, ops.gather_rows(g, i, o), o, GemmKind.VARLEN_K_BF16)),
       },
-  }
-  coop = GemmConfig.GATHER_COOP_128x256
-  fns["inorder"] = {
-      "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(
-          ops.gather_rows(x, i, o), None, g, None, o,
-          config=GemmConfig.GATHER_TMA_B_128x256_C2x1)),
-      "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(
-          a, None, ops.gather_rows(g, i, o), None, o,
-          config=GemmConfig.GATHER_TMA_B_128x256_C2x1)),
-  }
-  fns["coop"] = {
-      "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o, config=coop)),
-      "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o, config=coop)),
+      "inorder": {
+          "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(
+              ops.gather_rows(x, i, o), None, g, None, o, config=tma_b)),
+          "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(
+              a, None, ops.gather_rows(g, i, o), None, o, config=tma_b)),
+      },
+      "coop": {
+          "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o, config=coop)),
+          "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o, config=coop)),
+      },
   }
   operands = {"dw1": (x, idx, dh, offs), "dw2": (a_prime, dout, idx, offs)}
   out = {}

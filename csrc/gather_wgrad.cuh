@@ -217,6 +217,13 @@ struct GatherWgrad {
     }
   };
 
+  // Issues the loads of chunk `chunk` of the tile tc for each gathered operand.
+  static __device__ __forceinline__ void fetch_rows(RowStager& sa, RowStager& sb,
+                                                    const TileCoord& tc, int chunk, int tid) {
+    if constexpr (!kTmaA) sa.fetch(tc.row_begin, tc.row_end, chunk, tid);
+    if constexpr (!kTmaB) sb.fetch(tc.row_begin, tc.row_end, chunk, tid);
+  }
+
   static __device__ __forceinline__ void producer_sync() {
     cutlass::arch::NamedBarrier::sync(kProducerThreads, 1);  // consumers use id 0
   }
@@ -240,8 +247,8 @@ struct GatherWgrad {
   // come from their RowStager, whose `pend` holds this tile's first chunk on entry and, on
   // return, the first chunk of `next` (the producer's next tile, if has_next).
   static __device__ void load_tile(const Params& p, const TileCoord& tc, bool has_next,
-                                   const TileCoord& next, int k_tiles, Pipeline& pipe, PipeState& state, Publisher& pub,
-                                   RowStager& sa, RowStager& sb,
+                                   const TileCoord& next, int k_tiles, Pipeline& pipe,
+                                   PipeState& state, Publisher& pub, RowStager& sa, RowStager& sb,
                                    typename Mainloop::TensorStorage& smem, int tid, int rank) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
@@ -255,11 +262,9 @@ struct GatherWgrad {
     // Loads of the chunk after `c` (this tile's or the next tile's first).
     auto fetch_after = [&](int c) {
       if (c + 1 < chunks) {
-        if constexpr (!kTmaA) sa.fetch(tc.row_begin, tc.row_end, c + 1, tid);
-        if constexpr (!kTmaB) sb.fetch(tc.row_begin, tc.row_end, c + 1, tid);
+        fetch_rows(sa, sb, tc, c + 1, tid);
       } else if (has_next) {
-        if constexpr (!kTmaA) sa.fetch(next.row_begin, next.row_end, 0, tid);
-        if constexpr (!kTmaB) sb.fetch(next.row_begin, next.row_end, 0, tid);
+        fetch_rows(sa, sb, next, 0, tid);
       }
     };
     // Chunk c's rows into their buffer. The barrier before: no thread still reads that buffer
@@ -500,18 +505,19 @@ struct GatherWgrad {
       }
       RowStager sa{p.a_idx, p.a_rows, &smem.rows[0][0][0]};
       RowStager sb{p.b_idx, p.b_rows, &smem.rows[1][0][0]};
+      // Each tile is located once: the lookahead of one iteration is the tile of the next.
+      TileCoord tc{};
       if (first < total) {
-        const TileCoord tc = locate(p, first, rank);
-        if constexpr (!kTmaA) sa.fetch(tc.row_begin, tc.row_end, 0, tid);
-        if constexpr (!kTmaB) sb.fetch(tc.row_begin, tc.row_end, 0, tid);
+        tc = locate(p, first, rank);
+        fetch_rows(sa, sb, tc, 0, tid);
       }
       for (int tile = first; tile < total; tile += step) {
-        const TileCoord tc = locate(p, tile, rank);
         const bool more = tile + step < total;
         TileCoord next{};
         if (more) next = locate(p, tile + step, rank);
-        load_tile(p, tc, more, next, k_tiles_of(tc), pipe, state, pub, sa, sb,
-                  smem.tensors, tid, rank);
+        load_tile(p, tc, more, next, k_tiles_of(tc), pipe, state, pub, sa, sb, smem.tensors, tid,
+                  rank);
+        tc = next;
       }
       if constexpr (!kTma) pub.flush(pipe);
       // The consumers (of both CTAs, with kTma) release every stage before the CTA exits.

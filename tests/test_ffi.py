@@ -836,6 +836,11 @@ def _gather_problem(case: str, kind: GemmKind):
     # multiple of the tile N), E = 5.
     t, k, n, e = 333, 200, 136, 5
     plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
+  elif case == "long_groups":  # groups over several 1024-row index chunks (the kernel's row
+    t, m, nn, e = 2600, D, 2 * N, 3  # staging), ending mid-chunk, and an empty expert between
+    scores = jax.random.uniform(jax.random.key(23), (t,), jnp.float32, 0.1, 1.0)
+    plan = RoutingPlan.from_assignments(jnp.arange(t), jnp.where(jnp.arange(t) < 2200, 0, 2),
+                                        scores, num_tokens=t, num_experts=e, top_k=1)
   else:
     t, k, n, e = T, D, 2 * N, E
     plan = _plans(T, E)[case]
@@ -938,6 +943,11 @@ def _wgrad_problem(case: str, which: str):
   if case == "ragged":  # P = 999, M = 328 (3 M blocks: an odd cluster pair) and N = 136 off
     t, m, nn, e = 333, 328, 136, 5  # the 128 x 256 tile, E = 5
     plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
+  elif case == "long_groups":  # groups over several 1024-row index chunks (the kernel's row
+    t, m, nn, e = 2600, D, 2 * N, 3  # staging), ending mid-chunk, and an empty expert between
+    scores = jax.random.uniform(jax.random.key(23), (t,), jnp.float32, 0.1, 1.0)
+    plan = RoutingPlan.from_assignments(jnp.arange(t), jnp.where(jnp.arange(t) < 2200, 0, 2),
+                                        scores, num_tokens=t, num_experts=e, top_k=1)
   else:
     t, m, nn, e = T, D, 2 * N, E
     plan = _plans(T, E)[case]
@@ -968,11 +978,12 @@ _WGRAD_CASES.append(("both", GemmConfig.GATHER_COOP_128x256))
 @pytest.mark.gpu
 @pytest.mark.parametrize("which, config", _WGRAD_CASES,
                          ids=[f"{w}-{c.name}" for w, c in _WGRAD_CASES])
-@pytest.mark.parametrize("case", ROUTINGS + ["ragged"])
+@pytest.mark.parametrize("case", ROUTINGS + ["ragged", "long_groups"])
 def test_gathered_varlen_k_matches_fp64_reference(case, which, config):
   """Empty experts give zeros (empty_experts), one group with every row (one_expert), groups
   straddling 64-row K blocks (topk), NaN padding rows after the groups (token_rounding),
-  M / N / P off the tile and an odd number of M blocks (ragged)."""
+  M / N / P off the tile and an odd number of M blocks (ragged), a group of 2200 rows over three
+  1024-row index chunks next to an empty expert (long_groups)."""
   a, a_idx, b, b_idx, offs = _wgrad_problem(case, which)
   got = jax.jit(lambda *args: ops.gathered_varlen_k(*args, config=config))(a, a_idx, b, b_idx,
                                                                           offs)
@@ -1033,6 +1044,11 @@ def _fused_problem(case: str):
   if case == "ragged":
     t, d, n, e = 333, 200, 136, 5
     plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
+  elif case == "long_groups":  # groups over several 1024-row index chunks (the kernel's row
+    t, m, nn, e = 2600, D, 2 * N, 3  # staging), ending mid-chunk, and an empty expert between
+    scores = jax.random.uniform(jax.random.key(23), (t,), jnp.float32, 0.1, 1.0)
+    plan = RoutingPlan.from_assignments(jnp.arange(t), jnp.where(jnp.arange(t) < 2200, 0, 2),
+                                        scores, num_tokens=t, num_experts=e, top_k=1)
   else:
     t, d, n, e = T, D, N, E
     plan = _plans(T, E)[case]
