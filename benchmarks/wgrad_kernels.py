@@ -3,7 +3,9 @@
   python benchmarks/wgrad_kernels.py --config T,d,n,E,K [--iters 3] [--variants gather,plain]
 
 dW1 = x[idx]ᵀ · dH and dW2 = A'ᵀ · dO[idx] for a top-K routing of random logits, random bf16
-data: ``gather`` runs the gathered varlen-K kernel (kind 10, ops.gathered_varlen_k), ``plain``
+data: ``gather`` runs the gathered varlen-K kernel (kind 10, ops.gathered_varlen_k, its default
+schedule: schedules.IN_ORDER_WGRAD), ``tile128x256`` / ``tile256x128`` the same with the TMA
+schedule on that tile (GATHER_TMA_B_128x256_C2x1 / GATHER_TMA_256x128_C2x1), ``plain``
 CUTLASS's varlen-K GEMM on rows gathered beforehand (what the default backward runs),
 ``inorder`` kind 10 on those pre-gathered rows (no index: is the gather or the kernel slow?),
 ``coop`` kind 10 with both operands by cp.async (GATHER_COOP_128x256) and the index. Each is
@@ -50,11 +52,17 @@ def main() -> None:
   a_prime = jax.random.normal(ks[4], (rows, n), bf)
 
   tma_b, coop = GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_COOP_128x256
+
+  def gathered(config):
+    return {
+        "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o, config=config)),
+        "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o, config=config)),
+    }
+
   fns = {
-      "gather": {
-          "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o)),
-          "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o)),
-      },
+      "gather": gathered(None),
+      "tile128x256": gathered(tma_b),
+      "tile256x128": gathered(GemmConfig.GATHER_TMA_256x128_C2x1),
       "plain": {
           "dw1": jax.jit(lambda x, i, g, o: ops.grouped_gemm(
               ops.gather_rows(x, i, o), g, o, GemmKind.VARLEN_K_BF16)),
@@ -67,10 +75,7 @@ def main() -> None:
           "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(
               a, None, ops.gather_rows(g, i, o), None, o, config=tma_b)),
       },
-      "coop": {
-          "dw1": jax.jit(lambda x, i, g, o: ops.gathered_varlen_k(x, i, g, None, o, config=coop)),
-          "dw2": jax.jit(lambda a, g, i, o: ops.gathered_varlen_k(a, None, g, i, o, config=coop)),
-      },
+      "coop": gathered(coop),
   }
   operands = {"dw1": (x, idx, dh, offs), "dw2": (a_prime, dout, idx, offs)}
   out = {}

@@ -82,6 +82,14 @@ struct GatherNoinc128x256 {
   using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
   static constexpr bool kTmaB = false, kNoinc = true;
 };
+// Gathered varlen-K only (gather_wgrad.cuh): as GatherTmaB128x256C2x1 with the tile's wide side
+// on M, for dW2, whose A' (M = n) comes by TMA and whose gathered dO rows (N = d) by cp.async:
+// each gathered row is then read by n / 256 M blocks instead of n / 128, and a stage holds 16
+// instead of 32 KiB of cp.async copies (the TMA operand is the one shared by the cluster).
+struct GatherTma256x128C2x1 {
+  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true;
+};
 
 // The CUTLASS collective whose types (TiledMma, swizzled stage layouts, stage count, pipeline)
 // and consumer half (`mma`) the kernel uses: the cp.async one, or the TMA one of a 2 x 1 cluster,

@@ -12,9 +12,10 @@
 // running at once share one expert's rows in L2; a persistent grid walks them. Empty experts
 // (no rows) store zeros without a mainloop. Deterministic: one CTA owns each output tile.
 //
-// Schedules: config 5 (GatherCoop128x256), both operands by cp.async as above; config 6
-// (GatherTmaB128x256C2x1) loads the operand that is not gathered (kTmaSide: B for dW1's dH, A
-// for dW2's A') by TMA multicast over a 2-CTA cluster whose CTAs take neighbouring blocks of
+// Schedules: config 5 (GatherCoop128x256), both operands by cp.async as above; configs 6
+// (GatherTmaB128x256C2x1) and 8 (GatherTma256x128C2x1, the wide side on M: dW2's gathered dO
+// rows are then re-read by n / 256 M blocks rather than n / 128) load the operand that is not
+// gathered (kTmaSide: B for dW1's dH, A for dW2's A') by TMA multicast over a 2-CTA cluster whose CTAs take neighbouring blocks of
 // the other operand (M blocks when B is shared, N blocks when A is) of one expert, so each reads
 // half of the shared tile from L2; the gathered operand by cp.async published with noinc
 // arrivals, as gather_gemm.cuh's kTmaB schedule. TMA cannot stop at the group end: the last K
@@ -352,12 +353,13 @@ struct GatherWgrad {
       pipe.consumer_wait(rd);
       const int s = rd.index();
       if (kt == k_tiles - 1 && last_rows < kBK) {
-        for (int i = mma_tid; i < kTmaWidth * (kBK - last_rows); i += kMmaThreads) {
-          if constexpr (kTmaA) {
-            sA(i % kBM, last_rows + i / kBM, s) = Bf16(0.0f);
-          } else {
-            sB(i % kBN, last_rows + i / kBN, s) = Bf16(0.0f);
-          }
+        // 16-byte stores of 8 columns each (contiguous and aligned: layout_ok's
+        // chunks_contiguous); 2-byte stores took ~20 address instructions per element.
+        constexpr int kRowChunks = kTmaWidth / kChunk;
+        for (int i = mma_tid; i < kRowChunks * (kBK - last_rows); i += kMmaThreads) {
+          const int c = (i % kRowChunks) * kChunk, k = last_rows + i / kRowChunks;
+          Bf16* dst = kTmaA ? &sA(c, k, s) : &sB(c, k, s);
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
         }
         cutlass::arch::fence_view_async_shared();  // generic zeros -> wgmma reads
         cutlass::arch::NamedBarrier::sync(kMmaThreads, 0);  // the warpgroups share the tile

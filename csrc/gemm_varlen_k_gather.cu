@@ -11,22 +11,31 @@ using WgradBf16 =
 }  // namespace detail
 using namespace detail;
 
-// Two schedules: both operands by cp.async (5), or the operand read in order by TMA multicast
-// over a 2-CTA cluster (6): B when b_idx is null (dW1's dH), else A when a_idx is null (dW2's
-// A'). `b_gathered` / `a_gathered` pick the side of config 6 (a query passes false, false).
+// fn(the TMA schedule of tile Config): the operand read in order by TMA multicast over a 2-CTA
+// cluster, B when b_idx is null (dW1's dH), else A when a_idx is null (dW2's A').
+template <class Config, class Fn>
+static bool dispatch_tma_side(bool a_gathered, bool b_gathered, Fn fn) {
+  if (!b_gathered) {
+    fn(WgradBf16<Config, 2>{});
+  } else if (!a_gathered) {
+    fn(WgradBf16<Config, 1>{});
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Three schedules: both operands by cp.async (5), or the operand read in order by TMA on a
+// 128 x 256 (6) or 256 x 128 (8) tile. `b_gathered` / `a_gathered` pick the side of 6 and 8 (a
+// query passes false, false).
 template <class Fn>
 static bool dispatch_wgrad(int config, bool a_gathered, bool b_gathered, Fn fn) {
   switch (config) {
     case 5: fn(WgradBf16<gather::GatherCoop128x256, 0>{}); return true;
     case 6:
-      if (!b_gathered) {
-        fn(WgradBf16<gather::GatherTmaB128x256C2x1, 2>{});
-      } else if (!a_gathered) {
-        fn(WgradBf16<gather::GatherTmaB128x256C2x1, 1>{});
-      } else {
-        return false;
-      }
-      return true;
+      return dispatch_tma_side<gather::GatherTmaB128x256C2x1>(a_gathered, b_gathered, fn);
+    case 8:
+      return dispatch_tma_side<gather::GatherTma256x128C2x1>(a_gathered, b_gathered, fn);
     default: return false;
   }
 }
@@ -45,9 +54,10 @@ std::string run_varlen_k_gather(int config, const GroupedGemmParams& p, const in
     err = g.run(p, a_idx, b_idx, a_rows, b_rows, stream);
   });
   if (!found) {
-    return config == 6 ? "gathered varlen-K config 6 reads one operand in order: a_idx or b_idx "
-                         "must be null"
-                       : unsupported_config("gathered varlen-K", config);
+    return config == 6 || config == 8
+               ? "gathered varlen-K configs 6 and 8 read one operand in order: a_idx or b_idx "
+                 "must be null"
+               : unsupported_config("gathered varlen-K", config);
   }
   return err;
 }
@@ -58,6 +68,8 @@ bool varlen_k_gather_layouts_ok() {
   dispatch_wgrad(5, true, true, check);
   dispatch_wgrad(6, true, false, check);  // B by TMA
   dispatch_wgrad(6, false, true, check);  // A by TMA
+  dispatch_wgrad(8, true, false, check);
+  dispatch_wgrad(8, false, true, check);
   return ok;
 }
 

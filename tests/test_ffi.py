@@ -15,6 +15,7 @@ import shutil
 import subprocess
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -152,7 +153,8 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "GatherCoop128x128": GemmConfig.GATHER_COOP_128x128,
       "GatherCoop128x256": GemmConfig.GATHER_COOP_128x256,
       "GatherTmaB128x256C2x1": GemmConfig.GATHER_TMA_B_128x256_C2x1,
-      "GatherNoinc128x256": GemmConfig.GATHER_NOINC_128x256}
+      "GatherNoinc128x256": GemmConfig.GATHER_NOINC_128x256,
+      "GatherTma256x128C2x1": GemmConfig.GATHER_TMA_256x128_C2x1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
@@ -181,7 +183,7 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
   # The gathered varlen-K TU builds one schedule, not through a case switch.
   body = (CSRC / "gemm_varlen_k_gather.cu").read_text()
   switch = body[body.index("switch (config)"):body.index("default:")]
-  got = {int(case): set(re.findall(r"WgradBf16<gather::(\w+), \d>", text))
+  got = {int(case): set(re.findall(r"(?:WgradBf16|dispatch_tma_side)<gather::(\w+)\W", text))
          for case, text in re.findall(r"case (\d):(.*?)(?=case \d:|$)", switch, re.S)}
   assert got == {int(c): {names[c.value]}
                  for c in schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]}, got
@@ -215,14 +217,66 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
 
 
 def test_ffi_kernels_fused_gather_switch():
-  assert FfiKernels().fused_gather is False  # opt-in until a GPU measures it faster
-  assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather=True)
+  assert FfiKernels().fused_gather == "none"  # opt-in until a GPU measures it faster
+  assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather="both")
   assert FfiKernels(fused_gather=True) != FfiKernels()
+  assert FfiKernels(fused_gather="dh") != FfiKernels(fused_gather="up_proj")
   assert hash(FfiKernels(fused_gather=True)) == hash(FfiKernels(fused_gather=True))
   # The custom_vjp block is cached per backend: equal switches share one entry.
-  assert len({FfiKernels(), FfiKernels(), FfiKernels(fused_gather=True)}) == 2
-  with pytest.raises(ValueError, match="fused_gather must be a bool, got 'yes'"):
+  assert len({FfiKernels(), FfiKernels(fused_gather=False), FfiKernels(fused_gather=True)}) == 2
+  with pytest.raises(ValueError, match="fused_gather must be a bool or one of .*, got 'yes'"):
     FfiKernels(fused_gather="yes")
+  with pytest.raises(ValueError, match="dw1_last must be a bool, got 1"):
+    FfiKernels(dw1_last=1)
+
+
+def _ffi_targets(fn, *args) -> list[str]:
+  """The FFI targets ``fn(*args)`` calls, in trace order (no library needed to trace)."""
+  targets = []
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if "target_name" in eqn.params:
+        targets.append(eqn.params["target_name"])
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return targets
+
+
+@pytest.mark.parametrize("fused, wgrad, want", [
+    ("none", "none", {"up_proj": "scatter", "dh": "scatter", "dw1": "scatter",
+                      "dw2": "scatter"}),
+    ("dh", "dw2", {"up_proj": "scatter", "dh": "in-GEMM", "dw1": "scatter",
+                   "dw2": "in-GEMM"}),
+    ("up_proj", "dw1", {"up_proj": "in-GEMM", "dh": "scatter", "dw1": "in-GEMM",
+                        "dw2": "scatter"}),
+    (True, True, {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM", "dw2": "in-GEMM"}),
+])
+def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, want):
+  """fused_gather / wgrad_gather per entry point: the named ones read rows through gather_idx
+  inside their GEMM, the others take scatter_rows' copy (traced only: no GPU, no library)."""
+  monkeypatch.setattr(_lib, "library", lambda: None)
+  monkeypatch.setattr(_lib, "gemm_workspace_bytes", lambda kind, config, groups: 256)
+  kern = FfiKernels(fused_gather=fused, wgrad_gather=wgrad)
+  t, d, n, e, k = 64, 32, 16, 4, 2
+  plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
+  p = plan.capacity
+  bf = jnp.bfloat16
+  x, dout = jnp.ones((t, d), bf), jnp.ones((t, d), bf)
+  w1, w2 = jnp.ones((e, d, 2 * n), bf), jnp.ones((e, n, d), bf)
+  h, a_prime = jnp.ones((p, 2 * n), bf), jnp.ones((p, n), bf)
+  scores = jnp.ones((p,), jnp.float32)
+  calls = {"up_proj": lambda: kern.up_proj(x, w1, plan), "dh": lambda: kern.dh(
+      dout, w2, h, scores, plan), "dw1": lambda: kern.dw1(x, h, plan),
+           "dw2": lambda: kern.dw2(dout, a_prime, plan)}
+  for entry, how in want.items():
+    targets = _ffi_targets(calls[entry])
+    scattered = "sonic_jax_scatter_rows" in targets
+    assert scattered == (how == "scatter"), (entry, targets)
+    in_gemm = {"up_proj": "sonic_jax_gathered_grouped_gemm", "dh":
+               "sonic_jax_gathered_grouped_gemm", "dw1": "sonic_jax_gathered_varlen_k",
+               "dw2": "sonic_jax_gathered_varlen_k"}[entry]
+    assert (in_gemm in targets) == (how == "in-GEMM"), (entry, targets)
 
 
 def test_ffi_kernels_row_gather_switch():
@@ -269,8 +323,10 @@ def test_gathered_grouped_gemm_rejects_bad_arguments(bad, match):
     (dict(config=GemmConfig.GATHER_TMA_B_128x256_C2x1),  # both operands through indices
      "in order by TMA: a_idx or b_idx must be None"),
     (dict(config=GemmConfig.GATHER_NOINC_128x256),
-     "config must be one of \\['GATHER_COOP_128x256', 'GATHER_TMA_B_128x256_C2x1'\\] for "
-     "VARLEN_K_GATHER_BF16, got 7"),
+     "config must be one of \\['GATHER_COOP_128x256', 'GATHER_TMA_B_128x256_C2x1', "
+     "'GATHER_TMA_256x128_C2x1'\\] for VARLEN_K_GATHER_BF16, got 7"),
+    (dict(config=GemmConfig.GATHER_TMA_256x128_C2x1),
+     "GATHER_TMA_256x128_C2x1 loads one operand's rows in order by TMA"),
 ])
 def test_gathered_varlen_k_rejects_bad_arguments(bad, match):
   a = jnp.zeros((20, 32), bad.get("a_dtype", jnp.bfloat16))
@@ -283,14 +339,19 @@ def test_gathered_varlen_k_rejects_bad_arguments(bad, match):
 
 
 def test_ffi_kernels_wgrad_gather_switch():
-  assert FfiKernels().wgrad_gather is False  # opt-in until a GPU run measures it
+  assert FfiKernels().wgrad_gather == "none"  # opt-in until a GPU run measures it
   assert FfiKernels(wgrad_gather=True) != FfiKernels()
-  assert "wgrad_gather=True" in repr(FfiKernels(wgrad_gather=True))
-  with pytest.raises(ValueError, match="wgrad_gather must be a bool"):
+  assert "wgrad_gather='both'" in repr(FfiKernels(wgrad_gather=True))
+  assert "wgrad_gather='dw2'" in repr(FfiKernels(wgrad_gather="dw2"))
+  with pytest.raises(ValueError, match="wgrad_gather must be a bool or one of"):
     FfiKernels(wgrad_gather="yes")
   from sonic_jax.bench.variants import kernels_for
   assert kernels_for("ffi:fused-gather:wgrad-gather") == FfiKernels(fused_gather=True,
                                                                     wgrad_gather=True)
+  assert kernels_for("ffi:fused-gather=dh:wgrad-gather=dw2") == FfiKernels(
+      fused_gather="dh", wgrad_gather="dw2")
+  with pytest.raises(SystemExit, match="wgrad_gather must be a bool or one of"):
+    kernels_for("ffi:wgrad-gather=dh")
 
 
 def test_grouped_gemm_refuses_gather_kinds():
@@ -619,6 +680,9 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                                                          gather_schedule="cp_async"),
                    "wgrad_gather": FfiKernels(wgrad_gather=True),
                    "all_gathers_fused": FfiKernels(fused_gather=True, wgrad_gather=True),
+                   # No scatter of dO (dh and dW2 read its rows in the GEMM), or none of x.
+                   "dout_gathers_fused": FfiKernels(fused_gather="dh", wgrad_gather="dw2"),
+                   "x_gathers_fused": FfiKernels(fused_gather="up_proj", wgrad_gather="dw1"),
                    # sonic_jax.mixed: entry points of both GPU backends in one step.
                    "mixed_pallas_base": MixedKernels(PallasKernels(), dx_pairs=FfiKernels(),
                                                      dw1=FfiKernels(), combine=FfiKernels()),
@@ -969,8 +1033,9 @@ def _wgrad_problem(case: str, which: str):
   return a, a_idx, b, b_idx, plan.group_offsets
 
 
-# Config 6 loads the operand without an index by TMA: B (dH) for dW1, A (A') for dW2.
+# Configs 6 and 8 load the operand without an index by TMA: B (dH) for dW1, A (A') for dW2.
 _WGRAD_CASES = [(w, c) for w in ("dw1", "dw2") for c in (GemmConfig.GATHER_TMA_B_128x256_C2x1,
+                                                          GemmConfig.GATHER_TMA_256x128_C2x1,
                                                           GemmConfig.GATHER_COOP_128x256)]
 _WGRAD_CASES.append(("both", GemmConfig.GATHER_COOP_128x256))
 

@@ -11,7 +11,8 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``pallas::row_gather=jax_triton``.
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
-``fused-gather``, ``wgrad-gather`` (``FfiKernels(wgrad_gather=True)``),
+``fused-gather[=<up_proj|dh>]``, ``wgrad-gather[=<dw1|dw2>]`` (``FfiKernels(wgrad_gather=True)``,
+or for one entry point),
 ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
 ``dswiglu=<block|warp>`` and ``gather_schedule=<tma_b|cp_async|noinc>``, e.g. ``ffi:dw1-last``
 or ``ffi:fused_epilogue=dh:gather_schedule=tma_b``.
@@ -52,7 +53,8 @@ def _base_configs(kern, d: int, n: int) -> dict:
           "dw1": kern._dw1_config(d, 2 * n), "dw2": kern._dw2_config(n, d)}
 
 
-FFI_OPTIONS = ("dw1-last", "fused-gather", "wgrad-gather", "row_gather=<scatter|gather>",
+FFI_OPTIONS = ("dw1-last", "fused-gather[=<up_proj|dh>]", "wgrad-gather[=<dw1|dw2>]",
+               "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
                "gather_schedule=<tma_b|cp_async|noinc>")
 
@@ -63,10 +65,10 @@ def _ffi_kernels(spec: str):
   for o in spec.split(":")[1:]:
     if o == "dw1-last":
       kw["dw1_last"] = True
-    elif o == "fused-gather":
-      kw["fused_gather"] = True
-    elif o == "wgrad-gather":
-      kw["wgrad_gather"] = True
+    elif o == "fused-gather" or o.startswith("fused-gather="):
+      kw["fused_gather"] = o.split("=", 1)[1] if "=" in o else True
+    elif o == "wgrad-gather" or o.startswith("wgrad-gather="):
+      kw["wgrad_gather"] = o.split("=", 1)[1] if "=" in o else True
     elif o.startswith("row_gather="):
       kw["row_gather"] = o.split("=", 1)[1]
     elif o.startswith("fused_epilogue="):

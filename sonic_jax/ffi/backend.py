@@ -36,6 +36,21 @@ from sonic_jax.routing import RoutingPlan
 _INT32_MAX = 2**31 - 1
 
 FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
+# Which entry points read their rows through gather_idx inside the GEMM: fused_gather (up_proj
+# reads x, dh reads dO) and wgrad_gather (dw1 reads x, dw2 reads dO). Taking dh and dw2 alone
+# ("dh" / "dw2") removes the scatter of dO; up_proj and dw1 the scatter of x.
+FUSED_GATHERS = ("none", "up_proj", "dh", "both")
+WGRAD_GATHERS = ("none", "dw1", "dw2", "both")
+
+
+def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
+  """A per-entry switch as one of ``choices`` ("none", two entry names, "both"); True is
+  "both" and False "none"."""
+  if isinstance(value, bool):
+    return "both" if value else "none"
+  if value not in choices:
+    raise ValueError(f"{arg} must be a bool or one of {choices}, got {value!r}")
+  return value
 # Schedule of the kernels that gather rows inside the GEMM (fused_gather, fused_epilogue):
 # "tma_b" (the default, GATHER_TMA_B_128x256_C2x1: weights by TMA multicast over a 2 x 1 cluster,
 # stages published by noinc mbarrier arrivals), "cp_async" (GATHER_COOP_128x256: weights by
@@ -52,7 +67,8 @@ GATHER_SCHEDULES = tuple(GATHER_SCHEDULE_CONFIGS)
 class FfiKernels(ExpertKernels):
   """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a).
 
-  fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM.
+  fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM: a
+  bool, or one of FUSED_GATHERS ("up_proj" or "dh" alone).
   fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
   kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
   an elementwise kernel: "none" (or False, the default), "dh", "up_proj" or "both" (or True).
@@ -70,10 +86,12 @@ class FfiKernels(ExpertKernels):
   4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM 7.04 and 4.09); the
   layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session 18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
-  (``ops.gathered_varlen_k``, 128 x 256: the gathered rows by cp.async, dH / A' by TMA
-  multicast over a 2-CTA cluster) instead of from scatter_rows' (P, d) copy; with
-  ``fused_gather`` no (P, d) copy of x or dO is made in a training step. Opt-in: correct on
-  the H200 but 3-8x slower than scatter + the TMA varlen-K GEMM (session 20, docs/ffi.md).
+  (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
+  2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
+  ("dw1" or "dw2" alone). With ``fused_gather`` no (P, d) copy of x or dO is made in a
+  training step; ``fused_gather="dh", wgrad_gather="dw2"`` makes none of dO. Opt-in: correct
+  on the H200 but slower than scatter + the TMA varlen-K GEMM inside the step (sessions 20-21,
+  docs/ffi.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -84,10 +102,10 @@ class FfiKernels(ExpertKernels):
 
   name = "ffi"
 
-  def __init__(self, fused_gather: bool = False, row_gather: str = "scatter",
+  def __init__(self, fused_gather: bool | str = False, row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
                dswiglu: str = "warp", gather_schedule: str = "tma_b",
-               wgrad_gather: bool = False):
+               wgrad_gather: bool | str = False):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
@@ -98,10 +116,10 @@ class FfiKernels(ExpertKernels):
                        f"{gather_schedule!r}")
     if dswiglu not in ("block", "warp"):
       raise ValueError(f"dswiglu must be 'block' or 'warp', got {dswiglu!r}")
-    for arg, v in (("fused_gather", fused_gather), ("dw1_last", dw1_last),
-                   ("wgrad_gather", wgrad_gather)):
-      if not isinstance(v, bool):
-        raise ValueError(f"{arg} must be a bool, got {v!r}")
+    if not isinstance(dw1_last, bool):
+      raise ValueError(f"dw1_last must be a bool, got {dw1_last!r}")
+    fused_gather = _which("fused_gather", fused_gather, FUSED_GATHERS)
+    wgrad_gather = _which("wgrad_gather", wgrad_gather, WGRAD_GATHERS)
     if row_gather not in ("gather", "scatter"):
       raise ValueError(f"row_gather must be 'gather' or 'scatter', got {row_gather!r}")
     self.fused_gather = fused_gather
@@ -125,10 +143,10 @@ class FfiKernels(ExpertKernels):
     return type(other) is type(self) and other._key() == self._key()
 
   def __repr__(self):
-    return (f"FfiKernels(fused_gather={self.fused_gather}, row_gather={self.row_gather!r}, "
+    return (f"FfiKernels(fused_gather={self.fused_gather!r}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
             f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r}, "
-            f"wgrad_gather={self.wgrad_gather})")
+            f"wgrad_gather={self.wgrad_gather!r})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -153,11 +171,12 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"backend='ffi' needs 1 <= plan capacity <= 2**31 - 1 (int32 group "
                        f"offsets), got {plan.capacity}")
 
-  def _gathered_gemm(self, src, w, plan, kind, fused_kind):
+  def _gathered_gemm(self, entry, src, w, plan, kind, fused_kind):
     """src[gather_idx] · w[e] per group: in one GEMM reading src's rows through gather_idx
-    (``fused_kind``) with ``fused_gather``, else gather_rows then the ``kind`` GEMM."""
+    (``fused_kind``) where ``fused_gather`` names ``entry``, else the gathered rows (scatter_rows
+    or gather_rows) then the ``kind`` GEMM."""
     offs = plan.group_offsets
-    if self.fused_gather:
+    if self.fused_gather in ("both", entry):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind,
                                        config=self._gather_config())
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
@@ -176,7 +195,7 @@ class FfiKernels(ExpertKernels):
     if self._fuses("up_proj"):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
                                 write_h=not inference, config=self._gather_config())
-    h = self._gathered_gemm(x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
+    h = self._gathered_gemm("up_proj", x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
                             GemmKind.VARLEN_M_GATHER_NN_BF16)
     a = ops.swiglu_from_h(h, plan.group_offsets)
     return (None if inference else h), a
@@ -192,14 +211,14 @@ class FfiKernels(ExpertKernels):
     if self._fuses("dh"):
       return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets,
                             config=self._gather_config())
-    da = self._gathered_gemm(dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
+    da = self._gathered_gemm("dh", dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
                              GemmKind.VARLEN_M_GATHER_NT_F32)
     return ops.dswiglu(da, h, scores_grouped, plan.group_offsets,
                        warp_per_row=self.dswiglu == "warp")
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets
-    if self.wgrad_gather:
+    if self.wgrad_gather in ("both", "dw2"):
       return ops.gathered_varlen_k(a_prime, None, dout, plan.gather_idx, offs)
     dog = self._rows(dout, plan)
     return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
@@ -209,7 +228,7 @@ class FfiKernels(ExpertKernels):
 
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
-    if self.wgrad_gather:
+    if self.wgrad_gather in ("both", "dw1"):
       return ops.gathered_varlen_k(x, plan.gather_idx, dh, None, offs)
     xg = self._rows(x, plan)
     return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)

@@ -125,8 +125,10 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
   out[e] = Σ_{p in group e} a[a_idx[p]]ᵀ ⊗ b[b_idx[p]] (fp32 accumulation); empty groups give
   zeros, indices outside the operand read zero rows. dW1 = gathered_varlen_k(x, gather_idx, dH,
   None, ...), dW2 = gathered_varlen_k(A', None, dO, gather_idx, ...): no (P, d) gathered copy.
-  config None: GATHER_TMA_B_128x256_C2x1 (the operand without an index, b first, by TMA
-  multicast) when a_idx or b_idx is None, else GATHER_COOP_128x256 (both by cp.async).
+  config None: the operand without an index (b first) by TMA multicast when a_idx or b_idx is
+  None, on the tile whose 128-wide side is the gathered operand (schedules.IN_ORDER_WGRAD:
+  GATHER_TMA_B_128x256_C2x1 for b in order, GATHER_TMA_256x128_C2x1 for a), else
+  GATHER_COOP_128x256 (both by cp.async).
   """
   kind = GemmKind.VARLEN_K_GATHER_BF16
   if a.ndim != 2 or b.ndim != 2 or group_offsets.ndim != 1:
@@ -149,10 +151,13 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
   num_groups = group_offsets.shape[0] - 1
   in_order = a_idx is None or b_idx is None
   if config is None:  # an operand read in order (dW1's dH, dW2's A'): by TMA multicast
-    config = GemmConfig.GATHER_TMA_B_128x256_C2x1 if in_order else schedules.pick(kind, m, n)
+    if in_order:
+      config = schedules.IN_ORDER_WGRAD["b" if b_idx is None else "a"]
+    else:
+      config = schedules.pick(kind, m, n)
   config = schedules.check(kind, config)
-  if config == GemmConfig.GATHER_TMA_B_128x256_C2x1 and not in_order:
-    raise ValueError("config GATHER_TMA_B_128x256_C2x1 loads one operand's rows in order by TMA: "
+  if config in schedules.IN_ORDER_WGRAD.values() and not in_order:
+    raise ValueError(f"config {config.name} loads one operand's rows in order by TMA: "
                      "a_idx or b_idx must be None (else use GATHER_COOP_128x256)")
   ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
   none = jnp.zeros((0,), jnp.int32)

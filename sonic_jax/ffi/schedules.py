@@ -57,6 +57,11 @@ class GemmConfig(enum.IntEnum):
   GATHER_NOINC_128x256 = 7
   # The fused-epilogue kinds use the gather configs too. With SwiGLU a 128 x 256 tile holds 128
   # gate and 128 up columns (128 columns of A); with dSwiGLU 256 columns of dA'.
+  # Gathered varlen-K only: as GATHER_TMA_B_128x256_C2x1 on a 256 x 128 tile, for dW2 (A' by
+  # TMA on the 256-wide M side, the gathered dO rows on the 128-wide N side: each is read by
+  # n / 256 M blocks, half as many as on the 128 x 256 tile, and half the cp.async bytes per
+  # stage).
+  GATHER_TMA_256x128_C2x1 = 8
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -79,9 +84,11 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
-    # 6: the operand read in order (dW1's dH, dW2's A') by TMA multicast over a 2-CTA cluster.
+    # 6 and 8: the operand read in order (dW1's dH, dW2's A') by TMA multicast over a 2-CTA
+    # cluster, on a 128 x 256 or a 256 x 128 tile.
     GemmKind.VARLEN_K_GATHER_BF16: (GemmConfig.GATHER_COOP_128x256,
-                                    GemmConfig.GATHER_TMA_B_128x256_C2x1),
+                                    GemmConfig.GATHER_TMA_B_128x256_C2x1,
+                                    GemmConfig.GATHER_TMA_256x128_C2x1),
 }
 
 # Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
@@ -108,8 +115,17 @@ DEFAULT: dict[GemmKind, GemmConfig] = {
     GemmKind.VARLEN_M_GATHER_SWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: GemmConfig.GATHER_TMA_B_128x256_C2x1,
     # The schedule that takes both operands gathered (correct on the H200, slow: session 20);
-    # ops.gathered_varlen_k picks GATHER_TMA_B_128x256_C2x1 where one is not (dW1, dW2).
+    # where one operand is read in order ops.gathered_varlen_k picks a TMA schedule instead
+    # (IN_ORDER_WGRAD).
     GemmKind.VARLEN_K_GATHER_BF16: GemmConfig.GATHER_COOP_128x256,
+}
+
+# The gathered varlen-K schedule where one operand is read in order, by which one it is: the tile's
+# 128-wide side takes the gathered operand (x's d columns for dW1, dO's d columns for dW2), so
+# that each gathered row is re-read by as few blocks of the other side as the 256-wide tile allows.
+IN_ORDER_WGRAD: dict[str, GemmConfig] = {
+    "b": GemmConfig.GATHER_TMA_B_128x256_C2x1,  # dW1: dH (N = 2n) in order, x (M = d) gathered
+    "a": GemmConfig.GATHER_TMA_256x128_C2x1,    # dW2: A' (M = n) in order, dO (N = d) gathered
 }
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:
