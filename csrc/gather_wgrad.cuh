@@ -134,7 +134,8 @@ struct GatherWgrad {
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
-    int32_t rows[2][2][kIdxChunk];  // [operand A / B][buffer][row of the chunk]: source rows
+    // [operand A / B][buffer][row of the chunk]: source row offsets in 16-byte units.
+    uint32_t rows[2][2][kIdxChunk];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
@@ -181,8 +182,12 @@ struct GatherWgrad {
     return r >= 0 && r < rows ? r : -1;
   }
 
-  // One gathered operand's source rows (-1: zero-fill), kIdxChunk grouped rows at a time, in
-  // shared memory. Every K block takes 64 new rows, so a lookup right before its copies puts
+  // Staged row of a zero-filled chunk (past the group end, or an index outside the source).
+  static constexpr uint32_t kNoRow = 0xffffffffu;
+
+  // One gathered operand's source rows, kIdxChunk grouped rows at a time, in shared memory, as
+  // offsets in 16-byte units (row · ld / 8; the launcher checks that they fit 32 bits) so that
+  // a copy's source address is one wide multiply-add, or kNoRow. Every K block takes 64 new rows, so a lookup right before its copies puts
   // a dependent global load on the producer's path at every stage (session 21, Nsight Compute:
   // 80 % of the producer's cycles waiting on them, also with a one-block lookahead, since the
   // consumers wait for that same stage). Here each producer thread loads kIdxPerThread rows of
@@ -193,27 +198,29 @@ struct GatherWgrad {
   struct RowStager {
     const int32_t* idx;
     int64_t rows;
-    int32_t* buf;  // [2][kIdxChunk] in shared memory
-    int32_t pend[kIdxPerThread];
+    uint32_t ld16;  // the operand's row length in 16-byte units (ld / 8)
+    uint32_t* buf;  // [2][kIdxChunk] in shared memory
+    uint32_t pend[kIdxPerThread];
 
     // Issues the loads of rows [chunk · kIdxChunk, ...) of the tile with group rows [begin, end).
     __device__ __forceinline__ void fetch(int begin, int end, int chunk, int tid) {
       const int row0 = begin + chunk * kIdxChunk + tid;
 #pragma unroll
       for (int j = 0; j < kIdxPerThread; ++j) {
-        pend[j] = int32_t(src_row(idx, rows, row0 + j * kProducerThreads, end));
+        const int64_t r = src_row(idx, rows, row0 + j * kProducerThreads, end);
+        pend[j] = r < 0 ? kNoRow : uint32_t(r) * ld16;
       }
     }
 
     // Writes the fetched rows into chunk `chunk`'s buffer (the caller syncs before reading).
     __device__ __forceinline__ void publish(int chunk, int tid) {
-      int32_t* dst = buf + (chunk & 1) * kIdxChunk + tid;
+      uint32_t* dst = buf + (chunk & 1) * kIdxChunk + tid;
 #pragma unroll
       for (int j = 0; j < kIdxPerThread; ++j) dst[j * kProducerThreads] = pend[j];
     }
 
     // The source rows of K block kt (of the current tile): kBK entries.
-    __device__ __forceinline__ const int32_t* block(int kt) const {
+    __device__ __forceinline__ const uint32_t* block(int kt) const {
       return buf + ((kt / kBlocksPerChunk) & 1) * kIdxChunk + (kt % kBlocksPerChunk) * kBK;
     }
   };
@@ -229,17 +236,55 @@ struct GatherWgrad {
     cutlass::arch::NamedBarrier::sync(kProducerThreads, 1);  // consumers use id 0
   }
 
+  // Where element (col, k) of an MN-major stage of kWidth columns lives (elements from the
+  // stage's start), for CUTLASS's 128-byte-swizzle atoms of 64 columns x 8 rows (the 16-byte
+  // chunk index XOR the row mod 8): the TMA collective (configs 6, 8) tiles them along K first,
+  // so each 64-column block is BK rows of 128 bytes (where TMA's boxes put them); the cp.async
+  // one (config 5) along the columns first. layout_ok checks this against both operands.
+  template <int kWidth>
+  static __host__ __device__ constexpr int chunk_offset(int col, int k) {
+    constexpr int kBlock = kTma ? 64 * kBK : 512, kGroup = kTma ? 512 : 8 * kWidth;
+    return (col / 64) * kBlock + (k / 8) * kGroup + 64 * (k % 8) + 8 * (((col % 64) / 8) ^ (k % 8));
+  }
+
+  // Byte offsets from a stage's start of the rows k_first + s (s = i · kStep) of column `col`,
+  // the chunks one producer thread copies. k_first < kStep <= 8, so row k_first + s has k mod 8
+  // = k_first ^ (s mod 8) and k / 8 = s / 8: chunk_offset of (col, k_first) or of
+  // (col, k_first ^ 4) plus a constant, computed once per thread. layout_ok compares every
+  // thread's offsets with the stage layouts.
+  template <int kWidth, int kStep>
+  struct RowDst {
+    static_assert(kStep == 4 || kStep == 8, "a thread's rows must keep k mod 8 or flip its bit 2");
+    static constexpr int kGroup = chunk_offset<kWidth>(0, 8) - chunk_offset<kWidth>(0, 0);
+    uint32_t even, odd;
+    __host__ __device__ RowDst(int col, int k_first)
+        : even(2u * uint32_t(chunk_offset<kWidth>(col, k_first))),
+          odd(2u * uint32_t(chunk_offset<kWidth>(col, k_first ^ 4))) {}
+    __host__ __device__ uint32_t operator()(int s) const {
+      return (s % 8 == 0 ? even : odd) + 2u * uint32_t(kGroup * (s / 8));
+    }
+  };
+
   // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
-  // block) of rows k_first + i · kStep from base + src[k_first + i · kStep] · ld (src: the K
-  // block's source rows in shared memory; `any`: a valid address for the zero-filled chunks).
-  template <int kIters, int kStep, class Stage>
-  static __device__ __forceinline__ void copy_rows(Stage& s, int stage, int col, int k_first,
-                                                   bool col_ok, const int32_t* src,
-                                                   const Bf16* base, int64_t ld, const Bf16* any) {
+  // block) of rows k_first + i · kStep, from base + 8 · src[k_first + i · kStep] elements (src:
+  // the K block's staged row offsets; kNoRow, or !col_ok, zero-fills the chunk) to the stage at
+  // shared address `stage_addr`. The destinations are computed once: the rows differ by kStep
+  // (a multiple of 4), so chunk_offset's swizzle term is one of two values and the row term
+  // 64 · i · kStep more (an immediate). Before session 22 each copy took ~30 instructions of
+  // generic-pointer and 64-bit index arithmetic, which kept the producer from feeding the
+  // wgmmas (Nsight Compute: 2.3 G instructions against CUTLASS's 0.64 G for the same dW1).
+  template <int kWidth, int kIters, int kStep>
+  static __device__ __forceinline__ void copy_rows(uint32_t stage_addr, int col, int k_first,
+                                                   bool col_ok, const uint32_t* src,
+                                                   const Bf16* base) {
+    const RowDst<kWidth, kStep> dst(col, k_first);
+    const uint32_t* rows = src + k_first;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int64_t r = col_ok ? src[k_first + i * kStep] : -1;
-      cp_async_16(&s(col, k_first + i * kStep, stage), r >= 0 ? base + r * ld : any, r >= 0);
+      const uint32_t o = rows[i * kStep];
+      const bool ok = col_ok && o != kNoRow;
+      const Bf16* g = base + uint64_t(ok ? o : 0u) * kChunk;
+      cp_async_16_u32(stage_addr + dst(i * kStep), g, ok);
     }
   }
 
@@ -252,8 +297,8 @@ struct GatherWgrad {
                                    PipeState& state, Publisher& pub, RowStager& sa, RowStager& sb,
                                    typename Mainloop::TensorStorage& smem, int tid, int rank) {
     using namespace cute;
-    Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
+    const uint32_t sa_addr = cute::cast_smem_ptr_to_uint(smem.smem_A.data());
+    const uint32_t sb_addr = cute::cast_smem_ptr_to_uint(smem.smem_B.data());
     const int a_col = (tid % kAChunks) * kChunk, a_k = tid / kAChunks;
     const int b_col = (tid % kBChunks) * kChunk, b_k = tid / kBChunks;
     const bool a_col_ok = tc.m0 + a_col < p.m, b_col_ok = tc.n0 + b_col < p.n;
@@ -293,15 +338,15 @@ struct GatherWgrad {
         if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kAIters, kAStep>(sA, stage, a_col, a_k, a_col_ok, sa.block(kt), a_base, p.m,
-                                   p.a);
+        copy_rows<kBM, kAIters, kAStep>(sa_addr + uint32_t(stage * kBM * kBK * 2), a_col, a_k,
+                                   a_col_ok, sa.block(kt), a_base);
       }
       if constexpr (kTmaB) {
         if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kBIters, kBStep>(sB, stage, b_col, b_k, b_col_ok, sb.block(kt), b_base, p.n,
-                                   p.b);
+        copy_rows<kBN, kBIters, kBStep>(sb_addr + uint32_t(stage * kBN * kBK * 2), b_col, b_k,
+                                   b_col_ok, sb.block(kt), b_base);
       }
       if constexpr (kTma) {
         // Arrives once this thread's cp.async copies landed; the full barrier also waits for
@@ -353,8 +398,8 @@ struct GatherWgrad {
       pipe.consumer_wait(rd);
       const int s = rd.index();
       if (kt == k_tiles - 1 && last_rows < kBK) {
-        // 16-byte stores of 8 columns each (contiguous and aligned: layout_ok's
-        // chunks_contiguous); 2-byte stores took ~20 address instructions per element.
+        // 16-byte stores of 8 columns each (contiguous and aligned: stage_layouts_ok); 2-byte
+        // stores took ~20 address instructions per element.
         constexpr int kRowChunks = kTmaWidth / kChunk;
         for (int i = mma_tid; i < kRowChunks * (kBK - last_rows); i += kMmaThreads) {
           const int c = (i % kRowChunks) * kChunk, k = last_rows + i / kRowChunks;
@@ -386,44 +431,17 @@ struct GatherWgrad {
     pipe.consumer_release(release);
   }
 
-  // kTma: where the TMA boxes of load_tma land must be where the operand's stage layout (which
-  // the wgmma descriptors follow) puts each (column, k, stage) element: each 64-column block of
-  // the stage as BK rows of 128 bytes, TMA's 128-byte swizzle XORing the 16-byte chunk index
-  // with the row mod 8.
-  static bool tma_layout_ok() {
-    using namespace cute;
-    if constexpr (!kTma) {
-      return true;
-    } else {
-      using Layout = cute::conditional_t<kTmaA, SmemLayoutA, SmemLayoutB>;
-      return stage_layout_is<Layout>(kTmaWidth, kBK, Pipeline::Stages, [](int c, int k) {
-        return (c / 64) * 64 * kBK + tma_swizzle_128b(c % 64 + 64 * k);
-      });
-    }
-  }
-
-  // Host check: a 16-byte chunk (8 consecutive M or N elements of one k) must be 8 consecutive,
-  // 16-byte aligned elements of the swizzled stage for cp_async_16 to fill it.
-  template <class Layout>
-  static bool chunks_contiguous(int mn) {
-    using namespace cute;
-    const size_t elems = size_t(cosize(Layout{}));
-    void* buf = std::aligned_alloc(1024, (elems * sizeof(Bf16) + 1023) / 1024 * 1024);
-    if (buf == nullptr) return false;
-    Bf16* base = static_cast<Bf16*>(buf);
-    Tensor s = make_tensor(make_smem_ptr(base), Layout{});
-    bool ok = true;
-    for (int st = 0; ok && st < int(size<2>(s)); ++st) {
-      for (int k = 0; ok && k < kBK; ++k) {
-        for (int c = 0; ok && c < mn; c += kChunk) {
-          const Bf16* first = &s(c, k, st);
-          ok = (first - base) % kChunk == 0;
-          for (int j = 1; ok && j < kChunk; ++j) ok = &s(c + j, k, st) == first + j;
-        }
-      }
-    }
-    std::free(buf);
-    return ok;
+  // Host check of both operands' stage layouts (which the wgmma descriptors follow) against
+  // chunk_offset, where copy_rows and the TMA boxes of load_tma put each (column, k, stage)
+  // element: stages one after another, each 64-column block as BK rows of 128 bytes, 128-byte
+  // swizzle (TMA's: the 16-byte chunk index XOR the row mod 8). It also makes every 16-byte
+  // chunk (8 consecutive columns from a multiple of 8) contiguous and aligned.
+  static bool stage_layouts_ok() {
+    return stage_layout_is<SmemLayoutA>(kBM, kBK, Pipeline::Stages, [](int c, int k) {
+             return chunk_offset<kBM>(c, k) + c % 8;
+           }) && stage_layout_is<SmemLayoutB>(kBN, kBK, Pipeline::Stages, [](int c, int k) {
+             return chunk_offset<kBN>(c, k) + c % 8;
+           });
   }
 
   // ... and `store` writes column pairs: each thread's accumulators (i, i + 1), i even, must be
@@ -441,9 +459,35 @@ struct GatherWgrad {
     return true;
   }
 
+  // Host check of RowDst: every producer thread's rows of every stage land where the operand's
+  // stage layout puts them.
+  template <int kWidth, int kIters, int kStep, class Layout>
+  static bool row_dst_ok() {
+    using namespace cute;
+    const size_t elems = size_t(cosize(Layout{}));
+    void* buf = std::aligned_alloc(1024, (elems * sizeof(Bf16) + 1023) / 1024 * 1024);
+    if (buf == nullptr) return false;
+    Bf16* base = static_cast<Bf16*>(buf);
+    Tensor s = make_tensor(make_smem_ptr(base), Layout{});
+    bool ok = true;
+    for (int tid = 0; ok && tid < kProducerThreads; ++tid) {
+      const int col = (tid % (kWidth / kChunk)) * kChunk, k_first = tid / (kWidth / kChunk);
+      const RowDst<kWidth, kStep> dst(col, k_first);
+      for (int st = 0; ok && st < Pipeline::Stages; ++st) {
+        for (int i = 0; ok && i < kIters; ++i) {
+          ok = int64_t(st) * kWidth * kBK * 2 + dst(i * kStep) ==
+               2 * (&s(col, k_first + i * kStep, st) - base);
+        }
+      }
+    }
+    std::free(buf);
+    return ok;
+  }
+
   static bool layout_ok() {
-    return chunks_contiguous<SmemLayoutA>(kBM) && chunks_contiguous<SmemLayoutB>(kBN) &&
-           pairs_ok() && tma_layout_ok();
+    return stage_layouts_ok() && pairs_ok() &&
+           row_dst_ok<kBM, kAIters, kAStep, SmemLayoutA>() &&
+           row_dst_ok<kBN, kBIters, kBStep, SmemLayoutB>();
   }
 
   // D_e's (BM, BN) tile at d (leading dimension ld) from the accumulators; rows >= rows and
@@ -454,16 +498,18 @@ struct GatherWgrad {
     using namespace cute;
     Tensor coord = TiledMma{}.get_slice(mma_tid).partition_C(
         make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {
-      const int r = get<0>(coord(i)), c = get<1>(coord(i));
-      if (r >= rows || c >= cols) continue;  // cols % 8 == 0, c even: c + 1 < cols too
-      Out* dst = d + int64_t(r) * ld + c;
+    auto put = [&](int i) {
+      Out* dst = d + int64_t(get<0>(coord(i))) * ld + get<1>(coord(i));
       if constexpr (cute::is_same_v<Out, float>) {
         *reinterpret_cast<float2*>(dst) = make_float2(acc(i), acc(i + 1));
       } else {
         *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(acc(i), acc(i + 1));
       }
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      // cols % 8 == 0 and c even: c + 1 < cols too.
+      if (get<0>(coord(i)) < rows && get<1>(coord(i)) < cols) put(i);
     }
   }
 
@@ -505,8 +551,8 @@ struct GatherWgrad {
       if constexpr (kTma) {
         if (tid == 0) cute::prefetch_tma_descriptor(&p.tma);
       }
-      RowStager sa{p.a_idx, p.a_rows, &smem.rows[0][0][0]};
-      RowStager sb{p.b_idx, p.b_rows, &smem.rows[1][0][0]};
+      RowStager sa{p.a_idx, p.a_rows, uint32_t(p.m / kChunk), &smem.rows[0][0][0]};
+      RowStager sb{p.b_idx, p.b_rows, uint32_t(p.n / kChunk), &smem.rows[1][0][0]};
       // Each tile is located once: the lookahead of one iteration is the tile of the next.
       TileCoord tc{};
       if (first < total) {
@@ -571,6 +617,13 @@ struct WgradLauncher {
   static std::string run(const GroupedGemmParams& p, const int32_t* a_idx, const int32_t* b_idx,
                          int64_t a_rows, int64_t b_rows, cudaStream_t stream) {
     if (p.num_groups < 1) return "need at least one group";
+    // The cp.async operands' staged row offsets are 32-bit counts of 16-byte chunks
+    // (GatherWgrad::RowStager).
+    if ((!G::kTmaA && a_rows * (p.m / 8) >= int64_t(G::kNoRow)) ||
+        (!G::kTmaB && b_rows * (p.n / 8) >= int64_t(G::kNoRow))) {
+      return "an operand of 2^35 elements or more (rows x columns): its row offsets in 16-byte "
+             "units must fit 32 bits";
+    }
     if ((G::kTmaB && b_idx != nullptr) || (G::kTmaA && a_idx != nullptr)) {
       return "the TMA schedule reads one operand's rows in order: it must not be gathered";
     }

@@ -338,6 +338,15 @@ def test_gathered_varlen_k_rejects_bad_arguments(bad, match):
     ops.gathered_varlen_k(a, a_idx, b, b_idx, offs, config=bad.get("config"))
 
 
+def test_gathered_varlen_k_rejects_operands_past_32_bit_row_offsets():
+  huge = jax.ShapeDtypeStruct((2**22, 8192), jnp.bfloat16)  # 2**32 chunks of 16 bytes
+  small = jax.ShapeDtypeStruct((16, 64), jnp.bfloat16)
+  idx = jax.ShapeDtypeStruct((16,), jnp.int32)
+  offs = jnp.array([0, 8, 16], jnp.int32)
+  with pytest.raises(ValueError, match="a \\(4194304, 8192\\) is too large .* 2\\*\\*32 - 1"):
+    jax.eval_shape(lambda a, i, b: ops.gathered_varlen_k(a, i, b, None, offs), huge, idx, small)
+
+
 def test_ffi_kernels_wgrad_gather_switch():
   assert FfiKernels().wgrad_gather == "none"  # opt-in until a GPU run measures it
   assert FfiKernels(wgrad_gather=True) != FfiKernels()

@@ -159,6 +159,14 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
   if config in schedules.IN_ORDER_WGRAD.values() and not in_order:
     raise ValueError(f"config {config.name} loads one operand's rows in order by TMA: "
                      "a_idx or b_idx must be None (else use GATHER_COOP_128x256)")
+  # The operands read by cp.async (those with an index; both under GATHER_COOP_128x256) are
+  # addressed by 32-bit row offsets in 16-byte units.
+  for arg, arr, idx in (("a", a, a_idx), ("b", b, b_idx)):
+    by_cp_async = idx is not None or config == GemmConfig.GATHER_COOP_128x256
+    if by_cp_async and arr.shape[0] * (arr.shape[1] // 8) >= 2**32 - 1:
+      raise ValueError(f"{arg} {arr.shape} is too large for the gathered varlen-K kernel: it "
+                       f"addresses the rows it copies in 32-bit counts of 16-byte chunks "
+                       f"(rows x columns / 8 must stay below 2**32 - 1)")
   ws = _lib.gemm_workspace_bytes(int(kind), int(config), num_groups)
   none = jnp.zeros((0,), jnp.int32)
   out, _ = _call("sonic_jax_gathered_varlen_k",
