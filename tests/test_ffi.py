@@ -217,13 +217,14 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
 
 
 def test_ffi_kernels_fused_gather_switch():
-  assert FfiKernels().fused_gather == "none"  # opt-in until a GPU measures it faster
+  assert FfiKernels().fused_gather == "auto"  # dh in the GEMM where n <= 256
   assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather="both")
   assert FfiKernels(fused_gather=True) != FfiKernels()
   assert FfiKernels(fused_gather="dh") != FfiKernels(fused_gather="up_proj")
   assert hash(FfiKernels(fused_gather=True)) == hash(FfiKernels(fused_gather=True))
   # The custom_vjp block is cached per backend: equal switches share one entry.
-  assert len({FfiKernels(), FfiKernels(fused_gather=False), FfiKernels(fused_gather=True)}) == 2
+  assert len({FfiKernels(fused_gather="none"), FfiKernels(fused_gather=False),
+              FfiKernels(fused_gather=True)}) == 2
   with pytest.raises(ValueError, match="fused_gather must be a bool or one of .*, got 'yes'"):
     FfiKernels(fused_gather="yes")
   with pytest.raises(ValueError, match="dw1_last must be a bool, got 1"):
@@ -243,22 +244,30 @@ def _ffi_targets(fn, *args) -> list[str]:
   return targets
 
 
-@pytest.mark.parametrize("fused, wgrad, want", [
-    ("none", "none", {"up_proj": "scatter", "dh": "scatter", "dw1": "scatter",
-                      "dw2": "scatter"}),
-    ("dh", "dw2", {"up_proj": "scatter", "dh": "in-GEMM", "dw1": "scatter",
-                   "dw2": "in-GEMM"}),
-    ("up_proj", "dw1", {"up_proj": "in-GEMM", "dh": "scatter", "dw1": "in-GEMM",
-                        "dw2": "scatter"}),
-    (True, True, {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM", "dw2": "in-GEMM"}),
+_SCATTER_ALL = {"up_proj": "scatter", "dh": "scatter", "dw1": "scatter", "dw2": "scatter"}
+_DOUT_IN_GEMM = {"up_proj": "scatter", "dh": "in-GEMM", "dw1": "scatter", "dw2": "in-GEMM"}
+
+
+@pytest.mark.parametrize("fused, wgrad, n, want", [
+    ("none", "none", 16, _SCATTER_ALL),
+    # The default: the dO path in the GEMM up to n = 256 (backend.AUTO_DOUT_MAX_N), not above.
+    ("auto", "auto", 16, _DOUT_IN_GEMM),
+    ("auto", "auto", 256, _DOUT_IN_GEMM),
+    ("auto", "auto", 264, _SCATTER_ALL),
+    ("auto", "none", 16, {**_SCATTER_ALL, "dh": "in-GEMM"}),
+    ("dh", "dw2", 264, _DOUT_IN_GEMM),
+    ("up_proj", "dw1", 16, {"up_proj": "in-GEMM", "dh": "scatter", "dw1": "in-GEMM",
+                            "dw2": "scatter"}),
+    (True, True, 16, {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM",
+                      "dw2": "in-GEMM"}),
 ])
-def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, want):
+def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, n, want):
   """fused_gather / wgrad_gather per entry point: the named ones read rows through gather_idx
   inside their GEMM, the others take scatter_rows' copy (traced only: no GPU, no library)."""
   monkeypatch.setattr(_lib, "library", lambda: None)
   monkeypatch.setattr(_lib, "gemm_workspace_bytes", lambda kind, config, groups: 256)
   kern = FfiKernels(fused_gather=fused, wgrad_gather=wgrad)
-  t, d, n, e, k = 64, 32, 16, 4, 2
+  t, d, e, k = 64, 32, 4, 2
   plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
   p = plan.capacity
   bf = jnp.bfloat16
@@ -348,7 +357,7 @@ def test_gathered_varlen_k_rejects_operands_past_32_bit_row_offsets():
 
 
 def test_ffi_kernels_wgrad_gather_switch():
-  assert FfiKernels().wgrad_gather == "none"  # opt-in until a GPU run measures it
+  assert FfiKernels().wgrad_gather == "auto"  # dw2 in the GEMM where n <= 256
   assert FfiKernels(wgrad_gather=True) != FfiKernels()
   assert "wgrad_gather='both'" in repr(FfiKernels(wgrad_gather=True))
   assert "wgrad_gather='dw2'" in repr(FfiKernels(wgrad_gather="dw2"))
@@ -689,6 +698,7 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                                                          gather_schedule="cp_async"),
                    "wgrad_gather": FfiKernels(wgrad_gather=True),
                    "all_gathers_fused": FfiKernels(fused_gather=True, wgrad_gather=True),
+                   "no_gathers_fused": FfiKernels(fused_gather=False, wgrad_gather=False),
                    # No scatter of dO (dh and dW2 read its rows in the GEMM), or none of x.
                    "dout_gathers_fused": FfiKernels(fused_gather="dh", wgrad_gather="dw2"),
                    "x_gathers_fused": FfiKernels(fused_gather="up_proj", wgrad_gather="dw1"),

@@ -9,10 +9,10 @@ Composition (each step one FFI call, all device-side, no host sync, CUDA-graph c
   combine   one kernel, 16-byte loads, fp32 accumulation (weighted or not)
 A comes from the bf16-rounded H, as the backward recomputes it (session 1 wrote an fp32
 accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax.ffi.schedules.
-``FfiKernels(fused_gather=True)`` (opt-in: correct on the H200 but slower than gathering first,
-docs/ffi.md) lets up_proj and dh read the x / dO rows through gather_idx inside the GEMM
-(cp.async producer, GitHub issue #5) instead of gathering a (P, d) copy first; dw1 / dw2 still
-gather. ``fused_epilogue`` runs up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in
+``fused_gather`` lets up_proj and dh, ``wgrad_gather`` dw1 and dw2, read the x / dO rows through
+gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead of from a gathered
+(P, d) copy; by default ("auto") dh and dw2 do so where n <= 256, where it makes the step
+faster (no copy of dO at all), and x is scattered (docs/ffi.md). ``fused_epilogue`` runs up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in
 the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through
 gather_idx itself: H and A from the accumulators; dH, A' and dS from dA' without its fp32 round
 trip through HBM; opt-in, slower on the H200 so far); elsewhere the epilogues are separate
@@ -39,13 +39,21 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # Which entry points read their rows through gather_idx inside the GEMM: fused_gather (up_proj
 # reads x, dh reads dO) and wgrad_gather (dw1 reads x, dw2 reads dO). Taking dh and dw2 alone
 # ("dh" / "dw2") removes the scatter of dO; up_proj and dw1 the scatter of x.
-FUSED_GATHERS = ("none", "up_proj", "dh", "both")
-WGRAD_GATHERS = ("none", "dw1", "dw2", "both")
+# "auto" (the default of both): the dO path (dh, dw2) in the GEMM where n <= AUTO_DOUT_MAX_N, x
+# scattered.
+FUSED_GATHERS = ("auto", "none", "up_proj", "dh", "both")
+WGRAD_GATHERS = ("auto", "none", "dw1", "dw2", "both")
+# H100, session 22 (benchmarks/results/ffi-s22-h100-2026-12-05.md), the layer step with dh and
+# dW2 reading dO through gather_idx against the scattered dO: 3.81 vs 4.00 ms at 1.4B-n256 and
+# 4.07 vs 4.27 at 7B-n256; 42.4 vs 41.3 at 120B-n512 and 37.4 vs 36.8 at 120B-n1024. At n = 256
+# dW2's 256-row tile covers n, so each gathered dO row is read once (CUTLASS's 128 x 256
+# varlen-K GEMM reads the scattered rows twice).
+AUTO_DOUT_MAX_N = 256
 
 
 def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
-  """A per-entry switch as one of ``choices`` ("none", two entry names, "both"); True is
-  "both" and False "none"."""
+  """A per-entry switch as one of ``choices`` ("auto", "none", two entry names, "both");
+  True is "both" and False "none"."""
   if isinstance(value, bool):
     return "both" if value else "none"
   if value not in choices:
@@ -68,7 +76,9 @@ class FfiKernels(ExpertKernels):
   """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a).
 
   fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM: a
-  bool, or one of FUSED_GATHERS ("up_proj" or "dh" alone).
+  bool, or one of FUSED_GATHERS ("up_proj" or "dh" alone; "auto", the default: dh where
+  n <= AUTO_DOUT_MAX_N, with wgrad_gather "auto" making dW2 do the same, so that dO is never
+  scattered there).
   fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
   kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
   an elementwise kernel: "none" (or False, the default), "dh", "up_proj" or "both" (or True).
@@ -88,10 +98,10 @@ class FfiKernels(ExpertKernels):
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
   (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
   2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
-  ("dw1" or "dw2" alone). With ``fused_gather`` no (P, d) copy of x or dO is made in a
-  training step; ``fused_gather="dh", wgrad_gather="dw2"`` makes none of dO. Opt-in: correct
-  on the H200 but slower than scatter + the TMA varlen-K GEMM inside the step (sessions 20-21,
-  docs/ffi.md).
+  ("dw1" or "dw2" alone; "auto", the default: dw2 where n <= AUTO_DOUT_MAX_N). With
+  ``fused_gather`` no (P, d) copy of x or dO is made in a training step;
+  ``fused_gather="dh", wgrad_gather="dw2"`` makes none of dO. dW1 in the GEMM is slower than
+  scatter + CUTLASS's varlen-K GEMM inside the step (1.2-1.4x, session 22, docs/ffi.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -102,10 +112,10 @@ class FfiKernels(ExpertKernels):
 
   name = "ffi"
 
-  def __init__(self, fused_gather: bool | str = False, row_gather: str = "scatter",
+  def __init__(self, fused_gather: bool | str = "auto", row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
                dswiglu: str = "warp", gather_schedule: str = "tma_b",
-               wgrad_gather: bool | str = False):
+               wgrad_gather: bool | str = "auto"):
     if isinstance(fused_epilogue, bool):
       fused_epilogue = "both" if fused_epilogue else "none"
     if fused_epilogue not in FUSED_EPILOGUES:
@@ -171,12 +181,19 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"backend='ffi' needs 1 <= plan capacity <= 2**31 - 1 (int32 group "
                        f"offsets), got {plan.capacity}")
 
-  def _gathered_gemm(self, entry, src, w, plan, kind, fused_kind):
+  @staticmethod
+  def _names(switch: str, entry: str, n: int) -> bool:
+    """Whether a fused_gather / wgrad_gather value puts ``entry`` (expert width n) in the GEMM."""
+    if switch == "auto":
+      return entry in ("dh", "dw2") and n <= AUTO_DOUT_MAX_N
+    return switch in ("both", entry)
+
+  def _gathered_gemm(self, entry, src, w, plan, kind, fused_kind, n):
     """src[gather_idx] · w[e] per group: in one GEMM reading src's rows through gather_idx
     (``fused_kind``) where ``fused_gather`` names ``entry``, else the gathered rows (scatter_rows
     or gather_rows) then the ``kind`` GEMM."""
     offs = plan.group_offsets
-    if self.fused_gather in ("both", entry):
+    if self._names(self.fused_gather, entry, n):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind,
                                        config=self._gather_config())
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
@@ -196,7 +213,7 @@ class FfiKernels(ExpertKernels):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
                                 write_h=not inference, config=self._gather_config())
     h = self._gathered_gemm("up_proj", x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
-                            GemmKind.VARLEN_M_GATHER_NN_BF16)
+                            GemmKind.VARLEN_M_GATHER_NN_BF16, w1.shape[2] // 2)
     a = ops.swiglu_from_h(h, plan.group_offsets)
     return (None if inference else h), a
 
@@ -212,13 +229,13 @@ class FfiKernels(ExpertKernels):
       return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets,
                             config=self._gather_config())
     da = self._gathered_gemm("dh", dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
-                             GemmKind.VARLEN_M_GATHER_NT_F32)
+                             GemmKind.VARLEN_M_GATHER_NT_F32, w2.shape[1])
     return ops.dswiglu(da, h, scores_grouped, plan.group_offsets,
                        warp_per_row=self.dswiglu == "warp")
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets
-    if self.wgrad_gather in ("both", "dw2"):
+    if self._names(self.wgrad_gather, "dw2", a_prime.shape[1]):
       return ops.gathered_varlen_k(a_prime, None, dout, plan.gather_idx, offs)
     dog = self._rows(dout, plan)
     return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
@@ -228,7 +245,7 @@ class FfiKernels(ExpertKernels):
 
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
-    if self.wgrad_gather in ("both", "dw1"):
+    if self._names(self.wgrad_gather, "dw1", dh.shape[1] // 2):
       return ops.gathered_varlen_k(x, plan.gather_idx, dh, None, offs)
     xg = self._rows(x, plan)
     return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)
