@@ -273,17 +273,29 @@ struct GatherWgrad {
   // 64 · i · kStep more (an immediate). Before session 22 each copy took ~30 instructions of
   // generic-pointer and 64-bit index arithmetic, which kept the producer from feeding the
   // wgmmas (Nsight Compute: 2.3 G instructions against CUTLASS's 0.64 G for the same dW1).
+  // This thread's kIters staged row offsets of a K block (src: the block's, k_first its first
+  // row), read before the copies: each copy is an asm statement with a memory clobber, so a
+  // read between two of them could not move up, and every copy waited for its own
+  // shared-memory load (Nsight Compute, session 22: the producer's most-sampled stalls).
+  template <int kIters, int kStep>
+  struct RowOffsets {
+    uint32_t o[kIters];
+    __device__ __forceinline__ void load(const uint32_t* src, int k_first) {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) o[i] = src[k_first + i * kStep];
+    }
+  };
+
   template <int kWidth, int kIters, int kStep>
   static __device__ __forceinline__ void copy_rows(uint32_t stage_addr, int col, int k_first,
-                                                   bool col_ok, const uint32_t* src,
+                                                   bool col_ok,
+                                                   const RowOffsets<kIters, kStep>& rows,
                                                    const Bf16* base) {
     const RowDst<kWidth, kStep> dst(col, k_first);
-    const uint32_t* rows = src + k_first;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const uint32_t o = rows[i * kStep];
-      const bool ok = col_ok && o != kNoRow;
-      const Bf16* g = base + uint64_t(ok ? o : 0u) * kChunk;
+      const bool ok = col_ok && rows.o[i] != kNoRow;
+      const Bf16* g = base + uint64_t(ok ? rows.o[i] : 0u) * kChunk;
       cp_async_16_u32(stage_addr + dst(i * kStep), g, ok);
     }
   }
@@ -332,21 +344,26 @@ struct GatherWgrad {
         publish(c, false);
         fetch_after(c);
       }
+      // The block's row offsets first: their loads overlap the wait for a free stage.
+      RowOffsets<kAIters, kAStep> a_rows;
+      RowOffsets<kBIters, kBStep> b_rows;
+      if constexpr (!kTmaA) a_rows.load(sa.block(kt), a_k);
+      if constexpr (!kTmaB) b_rows.load(sb.block(kt), b_k);
       pipe.producer_acquire(state);
       const int stage = state.index();
       if constexpr (kTmaA) {
         if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kBM, kAIters, kAStep>(sa_addr + uint32_t(stage * kBM * kBK * 2), a_col, a_k,
-                                   a_col_ok, sa.block(kt), a_base);
+        copy_rows<kBM>(sa_addr + uint32_t(stage * kBM * kBK * 2), a_col, a_k, a_col_ok, a_rows,
+                       a_base);
       }
       if constexpr (kTmaB) {
         if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
-        copy_rows<kBN, kBIters, kBStep>(sb_addr + uint32_t(stage * kBN * kBK * 2), b_col, b_k,
-                                   b_col_ok, sb.block(kt), b_base);
+        copy_rows<kBN>(sb_addr + uint32_t(stage * kBN * kBK * 2), b_col, b_k, b_col_ok, b_rows,
+                       b_base);
       }
       if constexpr (kTma) {
         // Arrives once this thread's cp.async copies landed; the full barrier also waits for
