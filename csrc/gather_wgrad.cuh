@@ -15,8 +15,9 @@
 // Schedules: config 5 (GatherCoop128x256), both operands by cp.async as above; configs 6
 // (GatherTmaB128x256C2x1) and 8 (GatherTma256x128C2x1, the wide side on M: dW2's gathered dO
 // rows are then re-read by n / 256 M blocks rather than n / 128) load the operand that is not
-// gathered (kTmaSide: B for dW1's dH, A for dW2's A') by TMA multicast over a 2-CTA cluster whose CTAs take neighbouring blocks of
-// the other operand (M blocks when B is shared, N blocks when A is) of one expert, so each reads
+// gathered (kTmaSide: B for dW1's dH, A for dW2's A') by TMA multicast over a 2-CTA cluster
+// whose CTAs take neighbouring blocks of the other operand (M blocks when B is shared, N
+// blocks when A is) of one expert, so each reads
 // half of the shared tile from L2; the gathered operand by cp.async published with noinc
 // arrivals, as gather_gemm.cuh's kTmaB schedule. TMA cannot stop at the group end: the last K
 // block of a group also brings the rows after it (the next group's, finite, or token-rounding
@@ -187,10 +188,10 @@ struct GatherWgrad {
 
   // One gathered operand's source rows, kIdxChunk grouped rows at a time, in shared memory, as
   // offsets in 16-byte units (row · ld / 8; the launcher checks that they fit 32 bits) so that
-  // a copy's source address is one wide multiply-add, or kNoRow. Every K block takes 64 new rows, so a lookup right before its copies puts
-  // a dependent global load on the producer's path at every stage (session 21, Nsight Compute:
-  // 80 % of the producer's cycles waiting on them, also with a one-block lookahead, since the
-  // consumers wait for that same stage). Here each producer thread loads kIdxPerThread rows of
+  // a copy's source address is one wide multiply-add, or kNoRow. Every K block takes 64 new
+  // rows, so a lookup right before its copies puts a dependent global load on the producer's
+  // path at every stage (session 21, Nsight Compute: 80 % of the producer's cycles waiting on
+  // them, also with a one-block lookahead, since the consumers wait for that same stage). Here each producer thread loads kIdxPerThread rows of
   // the next chunk (coalesced: row t + 128 j) while the copies of the current chunk read theirs
   // from shared memory; at a chunk boundary the loaded rows go into the chunk's buffer (two,
   // alternating) behind a producer-only barrier. The last chunk of a tile loads the first chunk
@@ -265,14 +266,6 @@ struct GatherWgrad {
     }
   };
 
-  // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
-  // block) of rows k_first + i · kStep, from base + 8 · src[k_first + i · kStep] elements (src:
-  // the K block's staged row offsets; kNoRow, or !col_ok, zero-fills the chunk) to the stage at
-  // shared address `stage_addr`. The destinations are computed once: the rows differ by kStep
-  // (a multiple of 4), so chunk_offset's swizzle term is one of two values and the row term
-  // 64 · i · kStep more (an immediate). Before session 22 each copy took ~30 instructions of
-  // generic-pointer and 64-bit index arithmetic, which kept the producer from feeding the
-  // wgmmas (Nsight Compute: 2.3 G instructions against CUTLASS's 0.64 G for the same dW1).
   // This thread's kIters staged row offsets of a K block (src: the block's, k_first its first
   // row), read before the copies: each copy is an asm statement with a memory clobber, so a
   // read between two of them could not move up, and every copy waited for its own
@@ -286,6 +279,12 @@ struct GatherWgrad {
     }
   };
 
+  // One operand's rows of a stage by cp.async: this thread's 16-byte chunk (column `col` of the
+  // block) of rows k_first + i · kStep, from base + 8 · rows.o[i] elements (kNoRow, or
+  // !col_ok, zero-fills the chunk) to the stage at shared address `stage_addr` (RowDst: one of
+  // two bases plus an immediate). Before session 22 each copy took ~30 instructions of
+  // generic-pointer and 64-bit index arithmetic, which kept the producer from feeding the
+  // wgmmas (Nsight Compute: 2.3 G instructions against CUTLASS's 0.64 G for the same dW1).
   template <int kWidth, int kIters, int kStep>
   static __device__ __forceinline__ void copy_rows(uint32_t stage_addr, int col, int k_first,
                                                    bool col_ok,

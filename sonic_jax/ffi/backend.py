@@ -12,8 +12,8 @@ accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax
 ``fused_gather`` lets up_proj and dh, ``wgrad_gather`` dw1 and dw2, read the x / dO rows through
 gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead of from a gathered
 (P, d) copy; by default ("auto") dh and dw2 do so where n <= 256, where it makes the step
-faster (no copy of dO at all), and x is scattered (docs/ffi.md). ``fused_epilogue`` runs up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in
-the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through
+faster (no copy of dO at all), and x is scattered (docs/ffi.md). ``fused_epilogue`` runs up_proj
+and / or dh as one kernel each with SwiGLU / dSwiGLU in the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through
 gather_idx itself: H and A from the accumulators; dH, A' and dS from dA' without its fp32 round
 trip through HBM; opt-in, slower on the H200 so far); elsewhere the epilogues are separate
 kernels. The gathered rows come from ``scatter_rows`` for top-K plans (``row_gather="scatter"``,
