@@ -248,26 +248,28 @@ _SCATTER_ALL = {"up_proj": "scatter", "dh": "scatter", "dw1": "scatter", "dw2": 
 _DOUT_IN_GEMM = {"up_proj": "scatter", "dh": "in-GEMM", "dw1": "scatter", "dw2": "in-GEMM"}
 
 
-@pytest.mark.parametrize("fused, wgrad, n, want", [
-    ("none", "none", 16, _SCATTER_ALL),
-    # The default: the dO path in the GEMM up to n = 256 (backend.AUTO_DOUT_MAX_N), not above.
-    ("auto", "auto", 16, _DOUT_IN_GEMM),
-    ("auto", "auto", 256, _DOUT_IN_GEMM),
-    ("auto", "auto", 264, _SCATTER_ALL),
-    ("auto", "none", 16, {**_SCATTER_ALL, "dh": "in-GEMM"}),
-    ("dh", "dw2", 264, _DOUT_IN_GEMM),
-    ("up_proj", "dw1", 16, {"up_proj": "in-GEMM", "dh": "scatter", "dw1": "in-GEMM",
-                            "dw2": "scatter"}),
-    (True, True, 16, {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM",
-                      "dw2": "in-GEMM"}),
+@pytest.mark.parametrize("fused, wgrad, d, n, want", [
+    ("none", "none", 32, 16, _SCATTER_ALL),
+    # The default: the dO path in the GEMM where backend.dout_in_gemm(d, n).
+    ("auto", "auto", 32, 16, _DOUT_IN_GEMM),
+    ("auto", "auto", 2048, 256, _DOUT_IN_GEMM),
+    ("auto", "auto", 1024, 512, _DOUT_IN_GEMM),
+    ("auto", "auto", 1032, 512, _SCATTER_ALL),
+    ("auto", "auto", 32, 520, _SCATTER_ALL),
+    ("auto", "none", 32, 16, {**_SCATTER_ALL, "dh": "in-GEMM"}),
+    ("dh", "dw2", 32, 520, _DOUT_IN_GEMM),
+    ("up_proj", "dw1", 32, 16, {"up_proj": "in-GEMM", "dh": "scatter", "dw1": "in-GEMM",
+                                "dw2": "scatter"}),
+    (True, True, 32, 16, {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM",
+                          "dw2": "in-GEMM"}),
 ])
-def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, n, want):
+def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, d, n, want):
   """fused_gather / wgrad_gather per entry point: the named ones read rows through gather_idx
   inside their GEMM, the others take scatter_rows' copy (traced only: no GPU, no library)."""
   monkeypatch.setattr(_lib, "library", lambda: None)
   monkeypatch.setattr(_lib, "gemm_workspace_bytes", lambda kind, config, groups: 256)
   kern = FfiKernels(fused_gather=fused, wgrad_gather=wgrad)
-  t, d, e, k = 64, 32, 4, 2
+  t, e, k = 64, 4, 2
   plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
   p = plan.capacity
   bf = jnp.bfloat16

@@ -10,17 +10,17 @@ Composition (each step one FFI call, all device-side, no host sync, CUDA-graph c
 A comes from the bf16-rounded H, as the backward recomputes it (session 1 wrote an fp32
 accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax.ffi.schedules.
 ``fused_gather`` lets up_proj and dh, ``wgrad_gather`` dw1 and dw2, read the x / dO rows through
-gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead of from a gathered
-(P, d) copy; by default ("auto") dh and dw2 do so where n <= 256, where it makes the step
-faster (no copy of dO at all), and x is scattered (docs/ffi.md). ``fused_epilogue`` runs up_proj
-and / or dh as one kernel each with SwiGLU / dSwiGLU in the GEMM's epilogue (the cp.async GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through
-gather_idx itself: H and A from the accumulators; dH, A' and dS from dA' without its fp32 round
-trip through HBM; opt-in, slower on the H200 so far); elsewhere the epilogues are separate
-kernels. The gathered rows come from ``scatter_rows`` for top-K plans (``row_gather="scatter"``,
-the default: each token row read once and written to its K grouped rows; H200, session 12:
-0.661 against 1.026 ms for ``gather_rows`` at T=32768, d=4096, K=8,
-benchmarks/results/dispatch-h200-2026-12-04-s12.md) and from ``gather_rows`` otherwise (token
-rounding, or ``row_gather="gather"``).
+gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead of from a gathered (P, d)
+copy; by default ("auto") dh and dw2 do so where dout_in_gemm(d, n) (small n), where it makes the
+step faster (no copy of dO at all), and x is scattered (docs/ffi.md). ``fused_epilogue`` runs
+up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in the GEMM's epilogue (the cp.async
+GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through gather_idx itself: H and A from the
+accumulators; dH, A' and dS from dA' without its fp32 round trip through HBM; opt-in, slower on the
+H200 so far); elsewhere the epilogues are separate kernels. The gathered rows come from
+``scatter_rows`` for top-K plans (``row_gather="scatter"``, the default: each token row read once
+and written to its K grouped rows; H200, session 12: 0.661 against 1.026 ms for ``gather_rows`` at
+T=32768, d=4096, K=8, benchmarks/results/dispatch-h200-2026-12-04-s12.md) and from ``gather_rows``
+otherwise (token rounding, or ``row_gather="gather"``).
 """
 
 from __future__ import annotations
@@ -39,16 +39,23 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # Which entry points read their rows through gather_idx inside the GEMM: fused_gather (up_proj
 # reads x, dh reads dO) and wgrad_gather (dw1 reads x, dw2 reads dO). Taking dh and dw2 alone
 # ("dh" / "dw2") removes the scatter of dO; up_proj and dw1 the scatter of x.
-# "auto" (the default of both): the dO path (dh, dw2) in the GEMM where n <= AUTO_DOUT_MAX_N, x
+# "auto" (the default of both): the dO path (dh, dw2) in the GEMM where dout_in_gemm(d, n), x
 # scattered.
 FUSED_GATHERS = ("auto", "none", "up_proj", "dh", "both")
 WGRAD_GATHERS = ("auto", "none", "dw1", "dw2", "both")
-# H100, session 22 (benchmarks/results/ffi-s22-h100-2026-12-05.md), the layer step with dh and
-# dW2 reading dO through gather_idx against the scattered dO: 3.81 vs 4.00 ms at 1.4B-n256 and
-# 4.07 vs 4.27 at 7B-n256; 42.4 vs 41.3 at 120B-n512 and 37.4 vs 36.8 at 120B-n1024. At n = 256
-# dW2's 256-row tile covers n, so each gathered dO row is read once (CUTLASS's 128 x 256
-# varlen-K GEMM reads the scattered rows twice).
-AUTO_DOUT_MAX_N = 256
+
+
+def dout_in_gemm(d: int, n: int) -> bool:
+  """Whether the "auto" default has dh and dW2 read dO through gather_idx (no scatter of dO)
+  for model width d and expert width n: where that made the layer step faster in session 22's
+  same-call kernel profiles (benchmarks/results/ffi-s22-h100-2026-12-05.md), n <= 256, or
+  n <= 512 at d <= 1024. At n = 256 dW2's 256-row tile covers n, so each gathered dO row is read
+  once (CUTLASS's 128 x 256 varlen-K GEMM reads the scattered rows twice). Faster (ms): H200
+  1.4B-n256 3.371 vs 3.446, 7B-n256 3.648 vs 3.738, 30B-n256 22.89 vs 23.42, 1.4B-n512 2.909
+  vs 2.950; H100 1.4B-n256 3.814 vs 4.004, 7B-n256 4.074 vs 4.266. Slower: H200 7B-n512 3.141 vs
+  3.120, 30B-n512 20.09 vs 20.01; H100 120B-n512 42.58 vs 41.26, 120B-n1024 37.18 vs 36.32.
+  """
+  return n <= 256 or (n <= 512 and d <= 1024)
 
 
 def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
@@ -77,7 +84,7 @@ class FfiKernels(ExpertKernels):
 
   fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM: a
   bool, or one of FUSED_GATHERS ("up_proj" or "dh" alone; "auto", the default: dh where
-  n <= AUTO_DOUT_MAX_N, with wgrad_gather "auto" making dW2 do the same, so that dO is never
+  dout_in_gemm(d, n), with wgrad_gather "auto" making dW2 do the same, so that dO is never
   scattered there).
   fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
   kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
@@ -98,7 +105,7 @@ class FfiKernels(ExpertKernels):
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
   (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
   2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
-  ("dw1" or "dw2" alone; "auto", the default: dw2 where n <= AUTO_DOUT_MAX_N). With
+  ("dw1" or "dw2" alone; "auto", the default: dw2 where dout_in_gemm(d, n)). With
   ``fused_gather`` no (P, d) copy of x or dO is made in a training step;
   ``fused_gather="dh", wgrad_gather="dw2"`` makes none of dO. dW1 in the GEMM is slower than
   scatter + CUTLASS's varlen-K GEMM inside the step (1.2-1.4x, session 22, docs/ffi.md).
@@ -182,10 +189,11 @@ class FfiKernels(ExpertKernels):
                        f"offsets), got {plan.capacity}")
 
   @staticmethod
-  def _names(switch: str, entry: str, n: int) -> bool:
-    """Whether a fused_gather / wgrad_gather value puts ``entry`` (expert width n) in the GEMM."""
+  def _names(switch: str, entry: str, d: int, n: int) -> bool:
+    """Whether a fused_gather / wgrad_gather value puts ``entry`` in the GEMM (model width d,
+    expert width n)."""
     if switch == "auto":
-      return entry in ("dh", "dw2") and n <= AUTO_DOUT_MAX_N
+      return entry in ("dh", "dw2") and dout_in_gemm(d, n)
     return switch in ("both", entry)
 
   def _gathered_gemm(self, entry, src, w, plan, kind, fused_kind, n):
@@ -193,7 +201,7 @@ class FfiKernels(ExpertKernels):
     (``fused_kind``) where ``fused_gather`` names ``entry``, else the gathered rows (scatter_rows
     or gather_rows) then the ``kind`` GEMM."""
     offs = plan.group_offsets
-    if self._names(self.fused_gather, entry, n):
+    if self._names(self.fused_gather, entry, src.shape[1], n):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind,
                                        config=self._gather_config())
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
@@ -235,7 +243,7 @@ class FfiKernels(ExpertKernels):
 
   def dw2(self, dout, a_prime, plan):
     offs = plan.group_offsets
-    if self._names(self.wgrad_gather, "dw2", a_prime.shape[1]):
+    if self._names(self.wgrad_gather, "dw2", dout.shape[1], a_prime.shape[1]):
       return ops.gathered_varlen_k(a_prime, None, dout, plan.gather_idx, offs)
     dog = self._rows(dout, plan)
     return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
@@ -245,7 +253,7 @@ class FfiKernels(ExpertKernels):
 
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
-    if self._names(self.wgrad_gather, "dw1", dh.shape[1] // 2):
+    if self._names(self.wgrad_gather, "dw1", x.shape[1], dh.shape[1] // 2):
       return ops.gathered_varlen_k(x, plan.gather_idx, dh, None, offs)
     xg = self._rows(x, plan)
     return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)
