@@ -5,7 +5,8 @@
 dW1 = x[idx]ᵀ · dH and dW2 = A'ᵀ · dO[idx] for a top-K routing of random logits, random bf16
 data: ``gather`` runs the gathered varlen-K kernel (kind 10, ops.gathered_varlen_k, its default
 schedule: schedules.IN_ORDER_WGRAD), ``tile128x256`` / ``tile256x128`` the same with the TMA
-schedule on that tile (GATHER_TMA_B_128x256_C2x1 / GATHER_TMA_256x128_C2x1), ``plain``
+schedule on that tile (GATHER_TMA_B_128x256_C2x1 / GATHER_TMA_256x128_C2x1), ``nocluster``
+the 256 x 128 one without the 2-CTA cluster (GATHER_TMA_256x128_C1), ``plain``
 CUTLASS's varlen-K GEMM on rows gathered beforehand (what the default backward runs),
 ``inorder`` kind 10 on those pre-gathered rows (no index: is the gather or the kernel slow?),
 ``coop`` kind 10 with both operands by cp.async (GATHER_COOP_128x256) and the index. Each is
@@ -63,6 +64,7 @@ def main() -> None:
       "gather": gathered(None),
       "tile128x256": gathered(tma_b),
       "tile256x128": gathered(GemmConfig.GATHER_TMA_256x128_C2x1),
+      "nocluster": gathered(GemmConfig.GATHER_TMA_256x128_C1),
       "plain": {
           "dw1": jax.jit(lambda x, i, g, o: ops.grouped_gemm(
               ops.gather_rows(x, i, o), g, o, GemmKind.VARLEN_K_BF16)),

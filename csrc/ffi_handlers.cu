@@ -225,7 +225,7 @@ ffi::Error GatheredGroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t co
   return ffi::Error::Success();
 }
 
-// config: GemmConfig (5, 6 or 8). a (Ta, M) bf16, a_idx (P,) or (0,) s32, b (Tb, N) bf16, b_idx (P,) or
+// config: GemmConfig (5, 6, 8 or 9). a (Ta, M) bf16, a_idx (P,) or (0,) s32, b (Tb, N) bf16, b_idx (P,) or
 // (0,) s32, group_offsets (E+1,) -> d (E, M, N) bf16: d[e] = Σ_{p in group e} a[ia(p)]ᵀ ⊗ b[ib(p)]
 // with ia(p) = a_idx[p] (p when a_idx is empty) and ib likewise; workspace u8 (unused).
 ffi::Error GatheredVarlenKImpl(cudaStream_t stream, int32_t config, ffi::Buffer<ffi::BF16, 2> a,
@@ -634,7 +634,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 9; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 10; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown

@@ -67,7 +67,7 @@ constexpr int kIdxBytes = 2 * 2 * kIdxChunk * int(sizeof(int32_t));
 // uses: MN-major A (ColumnMajor (M, K)) and B (RowMajor (K, N)); the TMA one of a 2-CTA cluster
 // with kTma (its PipelineTmaAsync releases a stage to both CTAs' producers; the cluster is
 // launched along x whichever operand the two CTAs share).
-template <bool kTma, class Tile>
+template <bool kTma, class Tile, int kCluster>
 struct WgradMainloopOf {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
@@ -76,18 +76,38 @@ struct WgradMainloopOf {
       cutlass::gemm::collective::StageCountAutoCarveout<1024 + kIdxBytes>,
       cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
 };
-template <class Tile>
-struct WgradMainloopOf<true, Tile> {
+template <class Tile, int kCluster>
+struct WgradMainloopOf<true, Tile, kCluster> {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
       cutlass::layout::ColumnMajor, 8, cutlass::bfloat16_t, cutlass::layout::RowMajor, 8, float,
-      Tile, cute::Shape<cute::_2, cute::_1, cute::_1>,
+      Tile, cute::Shape<cute::Int<kCluster>, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<1024 + kIdxBytes>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 };
 
-// kTmaSide: 0 (config 5: both operands by cp.async), 1 (config 6, A by TMA: a_idx must be
-// null) or 2 (config 6, B by TMA: b_idx must be null).
+// Config 9 (gathered varlen-K only): as config 8 (256 x 128) without the cluster: each CTA
+// loads its whole tile of the TMA operand (twice the L2 reads of that operand) and no CTA waits
+// for its partner's gathered rows before a stage is full. Session 22's Nsight Compute source
+// view of config 8 (dW2) put 27 % of the warp samples on the consumers' wait for a full stage.
+struct GatherTma256x128C1 {
+  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true;
+  static constexpr int kWgradCluster = 1;
+};
+
+// CTAs per TMA tile of a gathered varlen-K config: Config::kWgradCluster, else 2.
+template <class C, class = void>
+struct WgradClusterOf {
+  static constexpr int value = 2;
+};
+template <class C>
+struct WgradClusterOf<C, std::void_t<decltype(C::kWgradCluster)>> {
+  static constexpr int value = C::kWgradCluster;
+};
+
+// kTmaSide: 0 (config 5: both operands by cp.async), 1 (configs 6, 8, 9, A by TMA: a_idx must
+// be null) or 2 (configs 6, 8, 9, B by TMA: b_idx must be null).
 template <class Out, class Config, int kTmaSide>
 struct GatherWgrad {
   using Tile = typename Config::Tile;
@@ -95,12 +115,15 @@ struct GatherWgrad {
   static constexpr bool kTmaA = kTmaSide == 1, kTmaB = kTmaSide == 2, kTma = kTmaSide != 0;
   static_assert(Config::kTmaB == kTma && Config::kNoinc == kTma,
                 "cp.async with a lag (config 5) or one operand by TMA, noinc arrivals (6)");
-  static constexpr int kCluster = kTma ? 2 : 1;  // CTAs sharing the TMA operand's tile
+  // CTAs sharing the TMA operand's tile: 2 (multicast) unless the config says 1 (config 9:
+  // each CTA loads the whole tile, so no CTA waits for its partner's gathered rows).
+  static constexpr int kCluster = kTma ? WgradClusterOf<Config>::value : 1;
+  static_assert(kCluster == 1 || kCluster == 2, "one CTA or a pair per TMA tile");
   static constexpr int kBM = cute::size<0>(Tile{});
   static constexpr int kBN = cute::size<1>(Tile{});
   static constexpr int kBK = cute::size<2>(Tile{});
   static constexpr int kChunk = 8;  // bf16 elements per 16-byte cp.async
-  using Mainloop = typename WgradMainloopOf<kTma, Tile>::type;
+  using Mainloop = typename WgradMainloopOf<kTma, Tile, kCluster>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipeState = typename Mainloop::PipelineState;
@@ -164,7 +187,8 @@ struct GatherWgrad {
     const int per_expert = p.m_units * p.n_units;
     const int e = tile / per_expert, local = tile - e * per_expert;
     const int um = local / p.n_units, un = local - um * p.n_units;
-    const int m_blk = kTmaB ? 2 * um + rank : um, n_blk = kTmaA ? 2 * un + rank : un;
+    constexpr bool kPairM = kTmaB && kCluster == 2, kPairN = kTmaA && kCluster == 2;
+    const int m_blk = kPairM ? 2 * um + rank : um, n_blk = kPairN ? 2 * un + rank : un;
     return {e, m_blk * kBM, n_blk * kBN, __ldg(p.group_offsets + e),
             __ldg(p.group_offsets + e + 1)};
   }
@@ -379,11 +403,20 @@ struct GatherWgrad {
   // [row0, row0 + BK) (columns col0 + rank · width/2 on), as boxes of 64 columns x BK rows
   // multicast to both CTAs of the cluster (each CTA's full barrier expects the whole tile; the
   // stage holds each 64-column block as BK rows of 128 bytes). Rows past the end read zeros.
+  // With kCluster == 1 the leader loads the whole tile into its own stage.
   static __device__ void load_tma(const Params& p, int row0, int col0, Bf16* stage,
                                   uint64_t* full_barrier, int rank) {
     constexpr uint16_t kBothCtas = 0b11;
     constexpr int kHalf = kTmaWidth / 2;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    if constexpr (kCluster == 1) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kTmaWidth / 64; ++i) {
+        cute::SM90_TMA_LOAD_2D::copy(&p.tma, full_barrier, hint, stage + i * 64 * kBK,
+                                     col0 + i * 64, row0);
+      }
+      return;
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kHalf / 64; ++i) {
       cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma, full_barrier, kBothCtas, hint,
@@ -551,7 +584,7 @@ struct GatherWgrad {
     const int wg = cutlass::canonical_warp_group_idx();
     Pipeline pipe = make_pipeline(smem, wg);
     int rank = 0;
-    if constexpr (kTma) {
+    if constexpr (kCluster == 2) {
       rank = static_cast<int>(cute::block_rank_in_cluster());
       cute::cluster_sync();  // both CTAs' barriers initialised before any multicast reaches them
     } else {
@@ -657,8 +690,8 @@ struct WgradLauncher {
     kp.n = p.n;
     kp.m_tiles = (p.m + G::kBM - 1) / G::kBM;
     kp.n_tiles = (p.n + G::kBN - 1) / G::kBN;
-    kp.m_units = G::kTmaB ? (kp.m_tiles + 1) / 2 : kp.m_tiles;
-    kp.n_units = G::kTmaA ? (kp.n_tiles + 1) / 2 : kp.n_tiles;
+    kp.m_units = G::kTmaB && G::kCluster == 2 ? (kp.m_tiles + 1) / 2 : kp.m_tiles;
+    kp.n_units = G::kTmaA && G::kCluster == 2 ? (kp.n_tiles + 1) / 2 : kp.n_tiles;
     kp.a_rows = a_rows;
     kp.b_rows = b_rows;
     const int64_t tiles = int64_t(p.num_groups) * kp.m_units * kp.n_units;
@@ -667,16 +700,18 @@ struct WgradLauncher {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            G::kSmemBytes);
     if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
-    if constexpr (G::kCluster == 1) {
-      const int grid = static_cast<int>(tiles < sm_count() ? tiles : sm_count());
-      kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
-    } else {
+    if constexpr (G::kTma) {
       // The TMA operand, a (a_rows, M) or b (b_rows, N), boxes of 64 columns x BK rows; rows
       // 16-byte aligned (M, N % 8 == 0, checked by the handler); rows past the end read zeros.
       std::string tma_err = encode_tma_2d(G::kTmaA ? p.a : p.b, G::kTmaA ? p.m : p.n,
                                           G::kTmaA ? a_rows : b_rows, G::kBK, &kp.tma,
                                           "cuTensorMapEncodeTiled");
       if (!tma_err.empty()) return tma_err;
+    }
+    if constexpr (G::kCluster == 1) {
+      const int grid = static_cast<int>(tiles < sm_count() ? tiles : sm_count());
+      kernel<<<grid, G::kThreads, G::kSmemBytes, stream>>>(kp);
+    } else {
       std::string launch_err = launch_on_clusters(kernel, kp, G::kCluster, G::kThreads,
                                                   G::kSmemBytes, tiles, stream,
                                                   "gathered varlen-K launch");

@@ -25,8 +25,8 @@ static bool dispatch_tma_side(bool a_gathered, bool b_gathered, Fn fn) {
   return true;
 }
 
-// Three schedules: both operands by cp.async (5), or the operand read in order by TMA on a
-// 128 x 256 (6) or 256 x 128 (8) tile. `b_gathered` / `a_gathered` pick the side of 6 and 8 (a
+// Four schedules: both operands by cp.async (5), or the operand read in order by TMA on a
+// 128 x 256 (6) or 256 x 128 (8) tile over a 2-CTA cluster, or on 256 x 128 without one (9). `b_gathered` / `a_gathered` pick the side of 6 and 8 (a
 // query passes false, false).
 template <class Fn>
 static bool dispatch_wgrad(int config, bool a_gathered, bool b_gathered, Fn fn) {
@@ -36,6 +36,8 @@ static bool dispatch_wgrad(int config, bool a_gathered, bool b_gathered, Fn fn) 
       return dispatch_tma_side<gather::GatherTmaB128x256C2x1>(a_gathered, b_gathered, fn);
     case 8:
       return dispatch_tma_side<gather::GatherTma256x128C2x1>(a_gathered, b_gathered, fn);
+    case 9:
+      return dispatch_tma_side<gather::GatherTma256x128C1>(a_gathered, b_gathered, fn);
     default: return false;
   }
 }
@@ -54,7 +56,7 @@ std::string run_varlen_k_gather(int config, const GroupedGemmParams& p, const in
     err = g.run(p, a_idx, b_idx, a_rows, b_rows, stream);
   });
   if (!found) {
-    return config == 6 || config == 8
+    return config == 6 || config == 8 || config == 9
                ? "gathered varlen-K configs 6 and 8 read one operand in order: a_idx or b_idx "
                  "must be null"
                : unsupported_config("gathered varlen-K", config);
@@ -70,6 +72,8 @@ bool varlen_k_gather_layouts_ok() {
   dispatch_wgrad(6, false, true, check);  // A by TMA
   dispatch_wgrad(8, true, false, check);
   dispatch_wgrad(8, false, true, check);
+  dispatch_wgrad(9, true, false, check);
+  dispatch_wgrad(9, false, true, check);
   return ok;
 }
 

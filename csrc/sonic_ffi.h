@@ -36,7 +36,7 @@ enum class GemmKind : int {
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
 // config: varlen-M bf16 kinds and kVarlenMNTF32 have 0-2, kVarlenMNNF32 has 0, varlen-K
 // (both outputs) has 0 and 3, the gather kinds have 4, 5 and 7 (cp.async producer, no cluster)
-// and 6 (B_e by TMA over a 2x1 cluster), the gathered varlen-K kind has 5, 6 and 8. The workspace
+// and 6 (B_e by TMA over a 2x1 cluster), the gathered varlen-K kind has 5, 6, 8 and 9. The workspace
 // query returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
@@ -48,7 +48,8 @@ enum class GemmConfig : int {
   kGatherTmaB128x256C2x1 = 6,  // gather kinds: A by cp.async, B_e by TMA multicast (2x1)
   kGatherNoinc128x256 = 7,     // gather kinds: as 5, stages published by noinc arrivals
   kGatherTma256x128C2x1 = 8,   // gathered varlen-K: as 6 with a 256 x 128 tile (dW2)
-  kNumConfigs = 9,
+  kGatherTma256x128C1 = 9,     // gathered varlen-K: as 8 without the cluster
+  kNumConfigs = 10,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.

@@ -154,7 +154,8 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "GatherCoop128x256": GemmConfig.GATHER_COOP_128x256,
       "GatherTmaB128x256C2x1": GemmConfig.GATHER_TMA_B_128x256_C2x1,
       "GatherNoinc128x256": GemmConfig.GATHER_NOINC_128x256,
-      "GatherTma256x128C2x1": GemmConfig.GATHER_TMA_256x128_C2x1}
+      "GatherTma256x128C2x1": GemmConfig.GATHER_TMA_256x128_C2x1,
+      "GatherTma256x128C1": GemmConfig.GATHER_TMA_256x128_C1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
@@ -335,7 +336,9 @@ def test_gathered_grouped_gemm_rejects_bad_arguments(bad, match):
      "in order by TMA: a_idx or b_idx must be None"),
     (dict(config=GemmConfig.GATHER_NOINC_128x256),
      "config must be one of \\['GATHER_COOP_128x256', 'GATHER_TMA_B_128x256_C2x1', "
-     "'GATHER_TMA_256x128_C2x1'\\] for VARLEN_K_GATHER_BF16, got 7"),
+     "'GATHER_TMA_256x128_C2x1', 'GATHER_TMA_256x128_C1'\\] for VARLEN_K_GATHER_BF16, got 7"),
+    (dict(config=GemmConfig.GATHER_TMA_256x128_C1),
+     "GATHER_TMA_256x128_C1 loads one operand's rows in order by TMA"),
     (dict(config=GemmConfig.GATHER_TMA_256x128_C2x1),
      "GATHER_TMA_256x128_C2x1 loads one operand's rows in order by TMA"),
 ])
@@ -1054,9 +1057,10 @@ def _wgrad_problem(case: str, which: str):
   return a, a_idx, b, b_idx, plan.group_offsets
 
 
-# Configs 6 and 8 load the operand without an index by TMA: B (dH) for dW1, A (A') for dW2.
+# Configs 6, 8 and 9 load the operand without an index by TMA: B (dH) for dW1, A (A') for dW2.
 _WGRAD_CASES = [(w, c) for w in ("dw1", "dw2") for c in (GemmConfig.GATHER_TMA_B_128x256_C2x1,
                                                           GemmConfig.GATHER_TMA_256x128_C2x1,
+                                                          GemmConfig.GATHER_TMA_256x128_C1,
                                                           GemmConfig.GATHER_COOP_128x256)]
 _WGRAD_CASES.append(("both", GemmConfig.GATHER_COOP_128x256))
 

@@ -26,7 +26,7 @@ TARGETS = {
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
 }
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 
 def _search_dirs() -> list[pathlib.Path]:

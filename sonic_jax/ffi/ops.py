@@ -156,7 +156,7 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
     else:
       config = schedules.pick(kind, m, n)
   config = schedules.check(kind, config)
-  if config in schedules.IN_ORDER_WGRAD.values() and not in_order:
+  if config in schedules.IN_ORDER_WGRAD_CONFIGS and not in_order:
     raise ValueError(f"config {config.name} loads one operand's rows in order by TMA: "
                      "a_idx or b_idx must be None (else use GATHER_COOP_128x256)")
   # The operands read by cp.async (those with an index; both under GATHER_COOP_128x256) are

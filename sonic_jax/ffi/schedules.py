@@ -62,6 +62,9 @@ class GemmConfig(enum.IntEnum):
   # n / 256 M blocks, half as many as on the 128 x 256 tile, and half the cp.async bytes per
   # stage).
   GATHER_TMA_256x128_C2x1 = 8
+  # ... and the same without the cluster: each CTA loads its whole A' tile (session 22, not yet
+  # run on a GPU).
+  GATHER_TMA_256x128_C1 = 9
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -88,7 +91,8 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     # cluster, on a 128 x 256 or a 256 x 128 tile.
     GemmKind.VARLEN_K_GATHER_BF16: (GemmConfig.GATHER_COOP_128x256,
                                     GemmConfig.GATHER_TMA_B_128x256_C2x1,
-                                    GemmConfig.GATHER_TMA_256x128_C2x1),
+                                    GemmConfig.GATHER_TMA_256x128_C2x1,
+                                    GemmConfig.GATHER_TMA_256x128_C1),
 }
 
 # Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
@@ -127,6 +131,9 @@ IN_ORDER_WGRAD: dict[str, GemmConfig] = {
     "b": GemmConfig.GATHER_TMA_B_128x256_C2x1,  # dW1: dH (N = 2n) in order, x (M = d) gathered
     "a": GemmConfig.GATHER_TMA_256x128_C2x1,    # dW2: A' (M = n) in order, dO (N = d) gathered
 }
+# The schedules that read one operand in order by TMA (a_idx or b_idx must be None).
+IN_ORDER_WGRAD_CONFIGS = (GemmConfig.GATHER_TMA_B_128x256_C2x1,
+                          GemmConfig.GATHER_TMA_256x128_C2x1, GemmConfig.GATHER_TMA_256x128_C1)
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:
 # (N, K) = output columns and reduction size; varlen-K: (M, N), the shape of each D_e.
