@@ -218,7 +218,7 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
 
 
 def test_ffi_kernels_fused_gather_switch():
-  assert FfiKernels().fused_gather == "auto"  # dh in the GEMM where n <= 256
+  assert FfiKernels().fused_gather == "auto"  # dh in the GEMM where backend.dout_in_gemm(d, n)
   assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather="both")
   assert FfiKernels(fused_gather=True) != FfiKernels()
   assert FfiKernels(fused_gather="dh") != FfiKernels(fused_gather="up_proj")
@@ -479,11 +479,15 @@ def test_built_library_layout_checks_pass():
 def test_sweep_epilogue_variants():
   from sonic_jax.ffi import sweep
   names = list(sweep.EPILOGUE_VARIANTS)
-  assert names[0] == "separate" and sweep.EPILOGUE_VARIANTS["separate"] == FfiKernels()
+  # Every variant gathers the rows of its unfused entry points into copies (not "auto"), as
+  # the sessions that compared the epilogues did.
+  none = dict(fused_gather=False, wgrad_gather=False)
+  assert names[0] == "separate" and sweep.EPILOGUE_VARIANTS["separate"] == FfiKernels(**none)
   assert sweep.EPILOGUE_VARIANTS["both"] == FfiKernels(fused_epilogue="both",
-                                                       gather_schedule="tma_b")
+                                                       gather_schedule="tma_b", **none)
   assert sweep.EPILOGUE_VARIANTS["both:cp_async"] == FfiKernels(fused_epilogue="both",
-                                                                gather_schedule="cp_async")
+                                                                gather_schedule="cp_async",
+                                                                **none)
   assert {"dh:noinc", "both:noinc", "dh:cp_async"} <= set(names)
   with pytest.raises(SystemExit):  # argparse: not one of the choices
     sweep.main(["--fused-epilogue-only", "--epilogue-variants", "separate"])
