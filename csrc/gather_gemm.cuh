@@ -114,8 +114,8 @@ struct MainloopOf<true, LayoutB, Tile> {
 };
 
 // 16-byte cp.async through L2 only (gathered rows are shared by the CTAs of one M block, not by
-// the warps of one CTA); `bytes` = 0 writes zeros without reading `gmem`.
-// The same to a shared-memory address already converted (cute::cast_smem_ptr_to_uint).
+// the warps of one CTA) to shared-memory address `dst` (cute::cast_smem_ptr_to_uint); `valid`
+// false writes zeros without reading `gmem`.
 __device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem, bool valid) {
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
@@ -124,11 +124,7 @@ __device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem, 
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const uint32_t dst = cute::cast_smem_ptr_to_uint(smem);
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(bytes)
-               : "memory");
+  cp_async_16_u32(cute::cast_smem_ptr_to_uint(smem), gmem, valid);
 }
 
 // Host check of a TMA-filled stage layout: for every (column, k, stage) of a (width, bk, stages)

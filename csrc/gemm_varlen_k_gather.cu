@@ -11,8 +11,8 @@ using WgradBf16 =
 }  // namespace detail
 using namespace detail;
 
-// fn(the TMA schedule of tile Config): the operand read in order by TMA multicast over a 2-CTA
-// cluster, B when b_idx is null (dW1's dH), else A when a_idx is null (dW2's A').
+// fn(the TMA schedule Config): the operand read in order by TMA, B when b_idx is null (dW1's
+// dH), else A when a_idx is null (dW2's A').
 template <class Config, class Fn>
 static bool dispatch_tma_side(bool a_gathered, bool b_gathered, Fn fn) {
   if (!b_gathered) {
@@ -26,8 +26,8 @@ static bool dispatch_tma_side(bool a_gathered, bool b_gathered, Fn fn) {
 }
 
 // Four schedules: both operands by cp.async (5), or the operand read in order by TMA on a
-// 128 x 256 (6) or 256 x 128 (8) tile over a 2-CTA cluster, or on 256 x 128 without one (9). `b_gathered` / `a_gathered` pick the side of 6 and 8 (a
-// query passes false, false).
+// 128 x 256 (6) or 256 x 128 (8) tile over a 2-CTA cluster, or on 256 x 128 without one (9).
+// `b_gathered` / `a_gathered` pick the side of 6, 8 and 9 (a query passes false, false).
 template <class Fn>
 static bool dispatch_wgrad(int config, bool a_gathered, bool b_gathered, Fn fn) {
   switch (config) {
@@ -57,8 +57,8 @@ std::string run_varlen_k_gather(int config, const GroupedGemmParams& p, const in
   });
   if (!found) {
     return config == 6 || config == 8 || config == 9
-               ? "gathered varlen-K configs 6 and 8 read one operand in order: a_idx or b_idx "
-                 "must be null"
+               ? "gathered varlen-K configs 6, 8 and 9 read one operand in order: a_idx or "
+                 "b_idx must be null"
                : unsupported_config("gathered varlen-K", config);
   }
   return err;

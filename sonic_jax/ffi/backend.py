@@ -59,8 +59,8 @@ def dout_in_gemm(d: int, n: int) -> bool:
 
 
 def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
-  """A per-entry switch as one of ``choices`` ("auto", "none", two entry names, "both");
-  True is "both" and False "none"."""
+  """A per-entry switch (fused_epilogue, fused_gather, wgrad_gather) as one of ``choices``
+  ("none", entry names, "both", maybe "auto"); True is "both" and False "none"."""
   if isinstance(value, bool):
     return "both" if value else "none"
   if value not in choices:
@@ -123,11 +123,7 @@ class FfiKernels(ExpertKernels):
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
                dswiglu: str = "warp", gather_schedule: str = "tma_b",
                wgrad_gather: bool | str = "auto"):
-    if isinstance(fused_epilogue, bool):
-      fused_epilogue = "both" if fused_epilogue else "none"
-    if fused_epilogue not in FUSED_EPILOGUES:
-      raise ValueError(f"fused_epilogue must be a bool or one of {FUSED_EPILOGUES}, got "
-                       f"{fused_epilogue!r}")
+    fused_epilogue = _which("fused_epilogue", fused_epilogue, FUSED_EPILOGUES)
     if gather_schedule not in GATHER_SCHEDULES:
       raise ValueError(f"gather_schedule must be one of {GATHER_SCHEDULES}, got "
                        f"{gather_schedule!r}")

@@ -159,10 +159,10 @@ def gathered_varlen_k(a: jax.Array, a_idx: jax.Array | None, b: jax.Array,
   if config in schedules.IN_ORDER_WGRAD_CONFIGS and not in_order:
     raise ValueError(f"config {config.name} loads one operand's rows in order by TMA: "
                      "a_idx or b_idx must be None (else use GATHER_COOP_128x256)")
-  # The operands read by cp.async (those with an index; both under GATHER_COOP_128x256) are
+  # The operands read by cp.async (those with an index; both where no operand goes by TMA) are
   # addressed by 32-bit row offsets in 16-byte units.
   for arg, arr, idx in (("a", a, a_idx), ("b", b, b_idx)):
-    by_cp_async = idx is not None or config == GemmConfig.GATHER_COOP_128x256
+    by_cp_async = idx is not None or config not in schedules.IN_ORDER_WGRAD_CONFIGS
     if by_cp_async and arr.shape[0] * (arr.shape[1] // 8) >= 2**32 - 1:
       raise ValueError(f"{arg} {arr.shape} is too large for the gathered varlen-K kernel: it "
                        f"addresses the rows it copies in 32-bit counts of 16-byte chunks "

@@ -87,8 +87,8 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
-    # 6 and 8: the operand read in order (dW1's dH, dW2's A') by TMA multicast over a 2-CTA
-    # cluster, on a 128 x 256 or a 256 x 128 tile.
+    # 6, 8 and 9: the operand read in order (dW1's dH, dW2's A') by TMA, multicast over a
+    # 2-CTA cluster on a 128 x 256 (6) or 256 x 128 (8) tile, or without one on 256 x 128 (9).
     GemmKind.VARLEN_K_GATHER_BF16: (GemmConfig.GATHER_COOP_128x256,
                                     GemmConfig.GATHER_TMA_B_128x256_C2x1,
                                     GemmConfig.GATHER_TMA_256x128_C2x1,
@@ -131,9 +131,10 @@ IN_ORDER_WGRAD: dict[str, GemmConfig] = {
     "b": GemmConfig.GATHER_TMA_B_128x256_C2x1,  # dW1: dH (N = 2n) in order, x (M = d) gathered
     "a": GemmConfig.GATHER_TMA_256x128_C2x1,    # dW2: A' (M = n) in order, dO (N = d) gathered
 }
-# The schedules that read one operand in order by TMA (a_idx or b_idx must be None).
-IN_ORDER_WGRAD_CONFIGS = (GemmConfig.GATHER_TMA_B_128x256_C2x1,
-                          GemmConfig.GATHER_TMA_256x128_C2x1, GemmConfig.GATHER_TMA_256x128_C1)
+# The schedules that read one operand in order by TMA (a_idx or b_idx must be None): all but the
+# one that copies both by cp.async.
+IN_ORDER_WGRAD_CONFIGS = tuple(c for c in INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]
+                               if c != GemmConfig.GATHER_COOP_128x256)
 
 # (kind, dim0, dim1) -> config where the sweep's winner differs from DEFAULT. varlen-M:
 # (N, K) = output columns and reduction size; varlen-K: (M, N), the shape of each D_e.
