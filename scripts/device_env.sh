@@ -118,3 +118,32 @@ ffi_sweep() {
     > "$OUT/$name.log" 2>&1
   grep -E "$pattern|!!|rror" "$OUT/$name.log" | cut -c1-150
 }
+
+# wgrad_times SECONDS VARIANTS CONFIG...: benchmarks/wgrad_kernels.py --time (CUPTI medians of
+# dW1 / dW2 per variant, checked against each other) at each T,d,n,E,K CONFIG, log in
+# $OUT/times-<config>.txt.
+wgrad_times() {
+  local secs=$1 variants=$2 cfg log
+  shift 2
+  for cfg in "$@"; do
+    log=$OUT/times-${cfg//,/_}.txt
+    echo "== [$(since) s] times $cfg"
+    timeout "$secs" $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 2 --time \
+      --variants "$variants" > "$log" 2>&1
+    grep -E "ms|rel|rror" "$log" | tail -12
+  done
+}
+
+# wgrad_ncu SECONDS CONFIG VARIANTS LAUNCHES: Nsight Compute (--set full, clocks not locked) of
+# the first LAUNCHES weight-gradient GEMMs (kind 10 and CUTLASS's) of wgrad_kernels.py, log in
+# $OUT/ncu-<config>.txt; prints the headline metrics.
+wgrad_ncu() {
+  local secs=$1 cfg=$2 variants=$3 launches=$4 log=$OUT/ncu-${2//,/_}.txt
+  echo "== [$(since) s] ncu $cfg"
+  timeout "$secs" ncu --clock-control none --set full -k "regex:gather_wgrad|device_kernel" \
+    --launch-count "$launches" --page details --print-units base \
+    $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 1 --variants "$variants" \
+    > "$log" 2>&1
+  grep -E "gather_wgrad_kernel|device_kernel|^    Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  |highest-utilized|rel\(" \
+    "$log" | cut -c1-160 | head -70
+}

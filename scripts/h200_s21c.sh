@@ -11,12 +11,7 @@ OUT=${OUT:-$PWD/s21c_out}
 begin_call
 gpu_tests "${TEST_S:-90}" tests/test_ffi.py \
   -k "gathered_varlen_k or (layer_forward_backward and (wgrad or all_gathers))"
-for cfg in 40960,768,256,128,8 32768,4096,256,256,16; do
-  echo "== [$(since) s] times $cfg"
-  timeout 100 $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 2 --time \
-    --variants gather,plain,inorder > "$OUT/times-${cfg//,/_}.txt" 2>&1
-  grep -E "ms|rel" "$OUT/times-${cfg//,/_}.txt" | tail -10
-done
+wgrad_times 100 "gather,plain,inorder" 40960,768,256,128,8 32768,4096,256,256,16
 PROF_TAG=ffi kernel_profile "${PROF_S:-120}" "paper-120B-n1024,paper-7B-n256" \
   "ffi,ffi:fused-gather:wgrad-gather" 0.05
 echo "== [$(since) s] done"

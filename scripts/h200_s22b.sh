@@ -7,14 +7,7 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s22b_out}
 begin_call
-cfg=${NCU_CONFIG:-32768,4096,1024,128,8}
-echo "== [$(since) s] ncu $cfg"
-timeout "${NCU_S:-150}" ncu --clock-control none --set full -k "regex:gather_wgrad|device_kernel" \
-  --launch-count 4 --page details --print-units base \
-  $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 1 --variants gather,plain \
-  > "$OUT/ncu-${cfg//,/_}.txt" 2>&1
-grep -E "gather_wgrad_kernel|device_kernel|^    Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  |rel\(" \
-  "$OUT/ncu-${cfg//,/_}.txt" | cut -c1-160 | head -70
+wgrad_ncu "${NCU_S:-150}" "${NCU_CONFIG:-32768,4096,1024,128,8}" gather,plain 4
 PROF_TAG=ffi-n256 kernel_profile "${PROF_S:-240}" "${PROF_CONFIGS:-paper-1.4B-n256,paper-7B-n256}" \
   "${PROF_VARIANTS:-ffi,ffi:fused-gather=dh:wgrad-gather=dw2,ffi:wgrad-gather,ffi:fused-gather:wgrad-gather}" 0.05
 echo "== [$(since) s] done"

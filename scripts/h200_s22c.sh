@@ -10,12 +10,8 @@ OUT=${OUT:-$PWD/s22c_out}
 begin_call
 gpu_tests "${TEST_S:-150}" tests/test_ffi.py \
   -k "gathered_varlen_k or (layer_forward_backward and (wgrad or gathers_fused))"
-for cfg in ${TIME_CONFIGS:-32768,4096,1024,128,8 40960,768,256,128,8 32768,4096,256,256,16}; do
-  echo "== [$(since) s] times $cfg"
-  timeout 100 $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 2 --time \
-    --variants "${TIME_VARIANTS:-gather,plain}" > "$OUT/times-${cfg//,/_}.txt" 2>&1
-  grep -E "ms|rel|rror" "$OUT/times-${cfg//,/_}.txt" | tail -10
-done
+wgrad_times 100 "${TIME_VARIANTS:-gather,plain}" \
+  ${TIME_CONFIGS:-32768,4096,1024,128,8 40960,768,256,128,8 32768,4096,256,256,16}
 PROF_TAG=ffi kernel_profile "${PROF_S:-200}" \
   "${PROF_CONFIGS:-paper-120B-n1024,paper-120B-n512,paper-1.4B-n256,paper-7B-n256}" \
   "${PROF_VARIANTS:-ffi,ffi:fused-gather=dh:wgrad-gather=dw2,ffi:fused-gather:wgrad-gather}" 0.05

@@ -11,14 +11,7 @@ OUT=${OUT:-$PWD/s22d_out}
 begin_call
 gpu_tests "${TEST_S:-120}" tests/test_ffi.py \
   -k "(layer_forward_backward and (gather or wgrad)) or scatter_rows_match or dw1_last_match"
-cfg=${NCU_CONFIG:-32768,4096,1024,128,8}
-echo "== [$(since) s] ncu $cfg"
-timeout "${NCU_S:-120}" ncu --clock-control none --set full -k "regex:gather_wgrad|device_kernel" \
-  --launch-count 4 --page details --print-units base \
-  $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 1 --variants gather,plain \
-  > "$OUT/ncu-${cfg//,/_}.txt" 2>&1
-grep -E "gather_wgrad_kernel|device_kernel|^    Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Executed Instructions  |highest-utilized|rel\(" \
-  "$OUT/ncu-${cfg//,/_}.txt" | cut -c1-120 | head -40
+wgrad_ncu "${NCU_S:-120}" "${NCU_CONFIG:-32768,4096,1024,128,8}" gather,plain 4
 PROF_TAG=ffi kernel_profile "${PROF_S:-240}" \
   "${PROF_CONFIGS:-paper-30B-n256,paper-1.4B-n512,paper-7B-n512,paper-30B-n512}" \
   "${PROF_VARIANTS:-ffi,ffi:fused-gather=none:wgrad-gather=none,ffi:fused-gather=dh:wgrad-gather=dw2}" 0.05

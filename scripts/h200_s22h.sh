@@ -9,12 +9,8 @@ source scripts/device_env.sh
 OUT=${OUT:-$PWD/s22h_out}
 begin_call
 gpu_tests "${TEST_S:-100}" tests/test_ffi.py -k "gathered_varlen_k"
-for cfg in ${TIME_CONFIGS:-32768,4096,1024,128,8 32768,4096,256,256,16}; do
-  echo "== [$(since) s] times $cfg"
-  timeout 60 $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 2 --time \
-    --variants "${TIME_VARIANTS:-gather,plain}" > "$OUT/times-${cfg//,/_}.txt" 2>&1
-  grep -E "ms|rel|rror" "$OUT/times-${cfg//,/_}.txt" | tail -10
-done
+wgrad_times 60 "${TIME_VARIANTS:-gather,plain}" \
+  ${TIME_CONFIGS:-32768,4096,1024,128,8 32768,4096,256,256,16}
 PROF_TAG=ffi kernel_profile "${PROF_S:-120}" "${PROF_CONFIGS:-paper-120B-n1024,paper-1.4B-n256}" \
   "${PROF_VARIANTS:-ffi:fused-gather=none:wgrad-gather=none,ffi:fused-gather=dh:wgrad-gather=dw2}" 0.05
 echo "== [$(since) s] done"

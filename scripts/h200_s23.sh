@@ -9,11 +9,7 @@ source scripts/device_env.sh
 OUT=${OUT:-$PWD/s23_out}
 begin_call
 gpu_tests "${TEST_S:-120}" tests/test_ffi.py -k "gathered_varlen_k"
-for cfg in ${TIME_CONFIGS:-32768,4096,1024,128,8 32768,4096,256,256,16 40960,768,256,128,8}; do
-  echo "== [$(since) s] times $cfg"
-  timeout 80 $PY benchmarks/wgrad_kernels.py --config "$cfg" --iters 2 --time \
-    --variants "${TIME_VARIANTS:-gather,nocluster,plain}" > "$OUT/times-${cfg//,/_}.txt" 2>&1
-  grep -E "ms|rel|rror" "$OUT/times-${cfg//,/_}.txt" | tail -12
-done
+wgrad_times 80 "${TIME_VARIANTS:-gather,nocluster,plain}" \
+  ${TIME_CONFIGS:-32768,4096,1024,128,8 32768,4096,256,256,16 40960,768,256,128,8}
 memcheck "${MC_S:-120}" tests/test_ffi.py -k "gathered_varlen_k and C1"
 echo "== [$(since) s] done"
