@@ -125,5 +125,6 @@ def default_dtype() -> str:
   return "bfloat16" if jax.default_backend() == "gpu" else "float32"
 
 
-def resolved_backend_name(backend: str) -> str:
-  return sonic_jax.resolve_backend(backend).name
+def resolved_backend_name(backend: str, d: int | None = None, n: int | None = None) -> str:
+  """The backend a (d, n) MoE layer runs on (``backend="auto"`` picks per shape)."""
+  return sonic_jax.resolve_backend(backend, d=d, n=n).name

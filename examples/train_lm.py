@@ -38,7 +38,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
   args = parse_args(argv)
   cfg = LMConfig(**{**lm_config_kwargs(args), "dtype": args.dtype or default_dtype()})
-  backend = resolved_backend_name(cfg.backend)
+  backend = resolved_backend_name(cfg.backend, cfg.d_model, cfg.d_ff)
   print(f"device: {jax.devices()[0].device_kind} | backend: {backend} | dtype: {cfg.dtype} | "
         f"routing: {cfg.routing}", flush=True)
 

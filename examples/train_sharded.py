@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
                      "token shards (data·fsdp·expert)")
 
   cfg = LMConfig(**{**lm_config_kwargs(args), "dtype": args.dtype or default_dtype()})
-  backend = sonic_jax.resolve_backend(cfg.backend).name
+  backend = sonic_jax.resolve_backend(cfg.backend, d=cfg.d_model, n=cfg.d_ff).name
   print(f"devices: {n_dev} x {jax.devices()[0].device_kind} | mesh: data={data} fsdp={args.fsdp} "
         f"expert={expert} | backend: {backend} | dtype: {cfg.dtype} | routing: {cfg.routing}",
         flush=True)

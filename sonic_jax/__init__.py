@@ -1,7 +1,7 @@
 """sonic_jax: SonicMoE-style mixture-of-experts layers for JAX (Pallas Mosaic GPU, CUTLASS FFI)."""
 
-from sonic_jax.backends import (AUTO_ORDER, BACKENDS, BackendUnavailableError,
-                                available_backends, resolve_backend)
+from sonic_jax.backends import (AUTO_ORDER, BACKENDS, BackendUnavailableError, auto_order,
+                                available_backends, resolve_backend, select_backend)
 from sonic_jax.experts import moe_experts
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.moe import moe
@@ -14,8 +14,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AUTO_ORDER", "BACKENDS", "BackendUnavailableError", "ExpertKernels", "RoutingPlan",
-    "TokenRounding", "available_backends", "fuse_gate_up", "load_balancing_loss",
+    "TokenRounding", "auto_order", "available_backends", "fuse_gate_up", "load_balancing_loss",
     "load_balancing_loss_from_mean", "moe",
-    "moe_experts", "resolve_backend", "route", "route_logits", "router_logits", "split_gate_up",
+    "moe_experts", "resolve_backend", "route", "route_logits", "router_logits", "select_backend",
+    "split_gate_up",
     "wasted_ratio",
 ]

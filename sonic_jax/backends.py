@@ -1,12 +1,15 @@
 """Backend registry: ``xla`` everywhere, ``pallas`` (Mosaic GPU, Hopper) and ``ffi`` (CUTLASS).
 
-``backend="auto"`` picks the first available entry of ``AUTO_ORDER`` on the default device;
-``resolve_backend("auto").name`` says which one it picked.
+``backend="auto"`` runs each call on the first backend of ``auto_order(d, n)`` that is available
+on the default device and accepts the call's shapes and dtypes (its ``validate``), else on
+``xla``: ``select_backend`` makes that choice, ``resolve_backend("auto", d=..., n=...).name``
+says which backend a (d, n) layer gets when its dtypes and sizes suit it.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable
 
 import jax
@@ -14,8 +17,27 @@ import jax
 from sonic_jax.kernels import ExpertKernels
 
 BACKENDS = ("xla", "pallas", "ffi")
-# Fastest first, by the measured results in benchmarks/results/.
+# Fastest first where the shape is not known (``resolve_backend("auto")``).
 AUTO_ORDER = ("pallas", "ffi", "xla")
+# Where the shape is known, ffi goes first at n >= FFI_FIRST_MIN_N and d >= FFI_FIRST_MIN_D.
+# Whole-layer forward+backward on the H200, f+b TFLOP/s ffi / pallas (README table,
+# benchmarks/results/bench-h200-2026-12-05-merged.md). ffi first: 7B-n512 454 / 437, 7B-n1024
+# 498 / 482, 30B-n512 524 / 508, 30B-n1024 596 / 566, 120B-n512 510 / 505, 120B-n1024 574 / 548,
+# 120B-n2048 597 / 596, DeepSeek-V3-like 495 / 491, Mixtral-8x7B 633 / 603; against it (within
+# the 2-5 % spread between device calls) OLMoE-1B-7B 567 / 569 and Qwen3-30B-A3B 505 / 509.
+# pallas first: 1.4B-n256 344 / 356, 1.4B-n512 397 / 397, 1.4B-n1024 428 / 436, 7B-n256
+# 382 / 384, 30B-n256 441 / 464. ffi's step takes more memory (e.g. 8.00 against 6.50 GiB at
+# 120B-n1024, 7.75 against 4.88 at Mixtral): pass backend="pallas" to keep the smaller one.
+FFI_FIRST_MIN_N = 512
+FFI_FIRST_MIN_D = 1536
+
+
+def auto_order(d: int | None = None, n: int | None = None) -> tuple[str, ...]:
+  """The backends ``backend="auto"`` tries, fastest first, for model width d and expert width n
+  (``AUTO_ORDER`` where either is unknown)."""
+  if d is not None and n is not None and n >= FFI_FIRST_MIN_N and d >= FFI_FIRST_MIN_D:
+    return ("ffi", "pallas", "xla")
+  return AUTO_ORDER
 
 
 class BackendUnavailableError(RuntimeError):
@@ -59,35 +81,75 @@ def validate_backend_name(backend) -> None:
 
 @functools.cache
 def _resolve_name(name: str) -> ExpertKernels:
-  if name != "auto":
-    return _LOADERS[name]()
-  for candidate in AUTO_ORDER:
-    try:
-      return _LOADERS[candidate]()
-    except (BackendUnavailableError, ImportError):
-      continue
-  return _load_xla()
+  return _LOADERS[name]()
 
 
-def resolve_backend(backend: str | ExpertKernels = "auto") -> ExpertKernels:
-  """Returns the kernels for ``backend`` or raises ``BackendUnavailableError`` saying why."""
+def _available(name: str) -> ExpertKernels | None:
+  try:
+    return _resolve_name(name)
+  except (BackendUnavailableError, ImportError):
+    return None
+
+
+def resolve_backend(backend: str | ExpertKernels = "auto", *, d: int | None = None,
+                    n: int | None = None) -> ExpertKernels:
+  """Returns the kernels for ``backend`` or raises ``BackendUnavailableError`` saying why.
+
+  For "auto": the first available backend of ``auto_order(d, n)`` (model width d, expert width
+  n; without them, of ``AUTO_ORDER``). A call may still run elsewhere where that backend rejects
+  its dtypes or sizes: ``select_backend`` decides per call.
+  """
   validate_backend_name(backend)
   if isinstance(backend, ExpertKernels):
     return backend
-  return _resolve_name(backend)
+  if backend != "auto":
+    return _resolve_name(backend)
+  for name in auto_order(d, n):
+    kernels = _available(name)
+    if kernels is not None:
+      return kernels
+  return _load_xla()
+
+
+def select_backend(backend: str | ExpertKernels, x: jax.Array, plan, w1: jax.Array,
+                   w2: jax.Array) -> ExpertKernels:
+  """The kernels that run one expert-block call, validated for its operands (before any kernel).
+
+  Args:
+    backend: a name or an ExpertKernels instance. A named backend must accept the call (its
+      ``validate`` raises ValueError naming the argument and the rule otherwise). "auto" takes
+      the first of ``auto_order(d, n)`` that is available and accepts it, and warns when a GPU
+      backend that is available is passed over (e.g. float32 operands), since the next one may
+      be much slower.
+    x: (T, d); plan: RoutingPlan; w1: (E, d, 2n); w2: (E, n, d).
+  """
+  if isinstance(backend, ExpertKernels) or backend != "auto":
+    kernels = resolve_backend(backend)
+    kernels.validate(x, plan, w1, w2)
+    return kernels
+  d, n = x.shape[1], w2.shape[1]
+  rejected = []
+  for name in auto_order(d, n):
+    kernels = _available(name)
+    if kernels is None:
+      continue
+    try:
+      kernels.validate(x, plan, w1, w2)
+    except ValueError as e:
+      rejected.append(f"{name}: {e}")
+      continue
+    if rejected:
+      warnings.warn(f"backend='auto' runs this call (d = {d}, n = {n}, dtype {x.dtype}) on "
+                    f"{kernels.name}: " + "; ".join(rejected), stacklevel=3)
+    return kernels
+  raise ValueError("backend='auto' found no backend for this call: " + "; ".join(rejected))
 
 
 def available_backends() -> list[str]:
   """Names of the backends that can run on the default device."""
-  out = []
-  for name in BACKENDS:
-    try:
-      _resolve_name(name)
-      out.append(name)
-    except (BackendUnavailableError, ImportError):
-      pass
-  return out
+  return [name for name in BACKENDS if _available(name) is not None]
 
 
-__all__ = ["BACKENDS", "AUTO_ORDER", "BackendUnavailableError", "resolve_backend",
-           "available_backends"]
+__all__ = ["BACKENDS", "AUTO_ORDER", "FFI_FIRST_MIN_D", "FFI_FIRST_MIN_N",
+           "BackendUnavailableError", "auto_order", "available_backends", "resolve_backend",
+           "select_backend"]

@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sonic_jax.backends import resolve_backend
+from sonic_jax.backends import select_backend
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.routing import RoutingPlan
 
@@ -134,13 +134,13 @@ def moe_experts(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *
     plan: RoutingPlan from ``sonic_jax.route`` / ``route_logits`` / ``RoutingPlan.from_assignments``;
       gradients flow into ``plan.scores``.
     w1: (E, d, 2n) gate | up weights (``sonic_jax.fuse_gate_up``); w2: (E, n, d).
-    backend: "auto", "xla", "pallas", "ffi" or an ExpertKernels instance.
+    backend: "auto", "xla", "pallas", "ffi" or an ExpertKernels instance ("auto": per call, the
+      fastest available backend that accepts these shapes and dtypes; ``select_backend``).
   Returns:
     (T, d) in x.dtype: out_t = Σ_k s_tk · SwiGLU(x_t · W1_e) · W2_e.
   """
   validate_expert_args(x, plan, w1, w2)
-  kernels = resolve_backend(backend)
-  kernels.validate(x, plan, w1, w2)
+  kernels = select_backend(backend, x, plan, w1, w2)
   # The scores travel as their own differentiable argument; the plan keeps only index arrays.
   args = _match_varying_axes(x, plan.scores, w1, w2, plan.replace(scores=jnp.zeros((0,))))
   return _expert_block(kernels)(*args)

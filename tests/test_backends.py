@@ -1,0 +1,128 @@
+"""backend="auto": which backend a call runs on (per shape, availability and validate rules).
+
+The GPU backends are replaced by recording stand-ins (the xla kernels under another name, with
+their own validate rule), so the selection itself is tested on the CPU.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import sonic_jax
+from sonic_jax import backends
+from sonic_jax.reference import moe_reference
+from sonic_jax.xla_backend import XlaKernels
+from tests.helpers import Problem, make_inputs, rel_err
+
+
+class _StandIn(XlaKernels):
+  """xla's kernels under a GPU backend's name; records the calls it served; rejects float32
+  operands as the GPU backends do."""
+
+  def __init__(self, name: str, calls: list):
+    self.name = name
+    self._calls = calls
+
+  def validate(self, x, plan, w1, w2):
+    if x.dtype == jnp.float32:
+      raise ValueError(f"x must be bfloat16 for backend={self.name!r}, got float32")
+
+  def up_proj(self, x, w1, plan, *, inference=False):
+    self._calls.append(self.name)
+    return super().up_proj(x, w1, plan, inference=inference)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+  """Makes "pallas" and "ffi" (or only those listed in the returned setter) available."""
+  calls: list[str] = []
+
+  def unavailable(name):
+    def load():
+      raise backends.BackendUnavailableError(f"backend={name!r} is not available: test")
+    return load
+
+  def install(*names: str):
+    loaders = dict(backends._LOADERS)
+    for name in ("pallas", "ffi"):
+      loaders[name] = (lambda n=name: _StandIn(n, calls)) if name in names else unavailable(name)
+    monkeypatch.setattr(backends, "_LOADERS", loaders)
+    backends._resolve_name.cache_clear()
+    return calls
+
+  yield install
+  backends._resolve_name.cache_clear()
+
+
+@pytest.mark.parametrize("d, n, first", [
+    (768, 256, "pallas"), (768, 1024, "pallas"), (1536, 256, "pallas"), (1536, 512, "ffi"),
+    (4096, 256, "pallas"), (4096, 512, "ffi"), (7168, 2048, "ffi"), (1535, 4096, "pallas"),
+    (4096, 511, "pallas"), (None, 1024, "pallas"), (4096, None, "pallas")])
+def test_auto_order_rule(d, n, first):
+  order = sonic_jax.auto_order(d, n)
+  assert order[0] == first
+  assert sorted(order) == sorted(sonic_jax.BACKENDS) and order[-1] == "xla"
+
+
+@pytest.mark.parametrize("available, d, n, want", [
+    (("pallas", "ffi"), 4096, 1024, "ffi"), (("pallas", "ffi"), 768, 256, "pallas"),
+    (("pallas",), 4096, 1024, "pallas"), (("ffi",), 768, 256, "ffi"), ((), 4096, 1024, "xla"),
+    (("pallas", "ffi"), None, None, "pallas")])
+def test_resolve_auto_by_shape(fake_gpu, available, d, n, want):
+  fake_gpu(*available)
+  assert sonic_jax.resolve_backend("auto", d=d, n=n).name == want
+  assert sonic_jax.available_backends() == [b for b in sonic_jax.BACKENDS
+                                            if b == "xla" or b in available]
+
+
+def _call(p: Problem, dtype, backend="auto"):
+  x, rw, w1, w2 = (a.astype(dtype) for a in make_inputs(p))
+  plan = sonic_jax.route(x, rw, top_k=p.K)
+  return x, rw, w1, w2, plan
+
+
+@pytest.mark.parametrize("d, n, want", [(1536, 512, "ffi"), (64, 32, "pallas")])
+def test_auto_runs_the_shapes_first_backend(fake_gpu, d, n, want):
+  calls = fake_gpu("pallas", "ffi")
+  p = Problem(T=32, d=d, n=n, E=4, K=2)
+  x, rw, w1, w2, plan = _call(p, jnp.bfloat16)
+  assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == want
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # nothing passed over: no warning
+    out = sonic_jax.moe(x, rw, w1, w2, top_k=p.K)
+  assert calls == [want]
+  ref = moe_reference(*(a.astype(jnp.float32) for a in (x, rw, w1, w2)), top_k=p.K)
+  assert rel_err(out, ref) < 2e-2
+
+
+def test_auto_passes_over_a_backend_that_rejects_the_call(fake_gpu):
+  calls = fake_gpu("pallas", "ffi")
+  p = Problem(T=32, d=1536, n=512, E=4, K=2)
+  x, rw, w1, w2, plan = _call(p, jnp.float32)
+  with pytest.warns(UserWarning, match=r"on xla: ffi: x must be bfloat16.*pallas: x must be"):
+    kernels = sonic_jax.select_backend("auto", x, plan, w1, w2)
+  assert kernels.name == "xla"
+  with pytest.warns(UserWarning, match="backend='auto' runs this call"):
+    out = jax.grad(lambda x: jnp.sum(sonic_jax.moe(x, rw, w1, w2, top_k=p.K) ** 2))(x)
+  assert calls == [] and bool(jnp.all(jnp.isfinite(out)))
+
+
+def test_named_backend_is_validated_not_replaced(fake_gpu):
+  fake_gpu("pallas", "ffi")
+  p = Problem(T=16, d=64, n=32, E=4, K=2)
+  x, _, w1, w2, plan = _call(p, jnp.float32)
+  with pytest.raises(ValueError, match="x must be bfloat16 for backend='ffi'"):
+    sonic_jax.select_backend("ffi", x, plan, w1, w2)
+  kern = XlaKernels()
+  assert sonic_jax.select_backend(kern, x, plan, w1, w2) is kern
+
+
+def test_named_backend_unavailable_says_why(fake_gpu):
+  fake_gpu()
+  p = Problem(T=16, d=64, n=32, E=4, K=2)
+  x, _, w1, w2, plan = _call(p, jnp.bfloat16)
+  with pytest.raises(sonic_jax.BackendUnavailableError, match="backend='pallas' is not"):
+    sonic_jax.select_backend("pallas", x, plan, w1, w2)
+  assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == "xla"
