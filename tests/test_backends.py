@@ -126,3 +126,22 @@ def test_named_backend_unavailable_says_why(fake_gpu):
   with pytest.raises(sonic_jax.BackendUnavailableError, match="backend='pallas' is not"):
     sonic_jax.select_backend("pallas", x, plan, w1, w2)
   assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == "xla"
+
+
+@pytest.mark.gpu
+def test_gpu_auto_picks_by_shape_and_dtype():
+  """On a Hopper GPU with both kernel backends: ffi at (d, n) = (1536, 512), pallas at
+  (768, 256), xla (with a warning) for float32 operands; each matches the xla backend."""
+  missing = {"pallas", "ffi"} - set(sonic_jax.available_backends())
+  if missing:
+    pytest.skip(f"needs both GPU backends; not available here: {sorted(missing)}")
+  for p, want in ((Problem(T=512, d=1536, n=512, E=8, K=2), "ffi"),
+                  (Problem(T=512, d=768, n=256, E=8, K=2), "pallas")):
+    x, rw, w1, w2, plan = _call(p, jnp.bfloat16)
+    assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == want
+    out = jax.jit(lambda *a: sonic_jax.moe(*a, top_k=p.K))(x, rw, w1, w2)
+    ref = jax.jit(lambda *a: sonic_jax.moe(*a, top_k=p.K, backend="xla"))(x, rw, w1, w2)
+    assert rel_err(out, ref) < 1e-2
+  x, rw, w1, w2, plan = _call(Problem(T=64, d=1536, n=512, E=4, K=2), jnp.float32)
+  with pytest.warns(UserWarning, match="on xla"):
+    assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == "xla"
