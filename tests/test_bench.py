@@ -554,3 +554,44 @@ def test_kernel_profile_drift_is_the_median_ratio_of_matching_kernels():
   assert mod._drift(ref, ref, 0.3) == (1.0, 4)
   drift, n = mod._drift(ref, [("other", 1.0)], 0.3)
   assert n == 0 and np.isnan(drift)
+
+
+def _scored_doc():
+  """Two paper configs (auto prefers pallas at 7B-n256, ffi at 30B-n512) with pallas, ffi and
+  the original SonicMoE's rows; made-up f+b numbers chosen so every ratio is exact."""
+  rows = []
+  for name, fb in (("paper-7B-n256", {"pallas": 400.0, "ffi": 380.0, "sonicmoe-torch": 350.0}),
+                   ("paper-30B-n512", {"pallas": 480.0, "ffi": 560.0, "sonicmoe-torch": 500.0})):
+    cfg = configs.parse_configs(name)[0]
+    base = {"config": cfg.name, "T": cfg.T, "d": cfg.d, "n": cfg.n, "E": cfg.E, "K": cfg.K,
+            "routing": "topk", "paper_tflops": list(cfg.paper_tflops)}
+    for impl, v in fb.items():
+      rows.append({**base, "impl": impl, "status": "ok",
+                   "kind": "baseline" if impl == "sonicmoe-torch" else "backend",
+                   "modes": {"fwdbwd": {"tflops": v}}})
+    rows.append({**base, "impl": "xla", "kind": "backend", "status": "skipped", "modes": {}})
+  return {"meta": {}, "results": rows}
+
+
+def test_targets_scorecard():
+  from sonic_jax.bench import targets
+  doc = _scored_doc()
+  p7 = targets.paper_fwdbwd(configs.parse_configs("paper-7B-n256")[0].paper_tflops)
+  assert p7 == pytest.approx(18 / (6 / 363 + 12 / 403))
+  card = targets.scorecard(doc)
+  assert list(card) == ["pallas", "ffi", "auto"]  # xla is the reference, never scored
+  paper, orig, orig11 = card["auto"]
+  assert paper.ratios["paper-7B-n256"] == pytest.approx(400 / p7)  # pallas first at n = 256
+  assert orig.ratios == {"paper-7B-n256": pytest.approx(400 / 350),
+                         "paper-30B-n512": pytest.approx(560 / 500)}  # ffi first at 30B-n512
+  assert orig11.met == 2 and not orig11.misses()
+  assert card["pallas"][1].cell() == "1 of 2 (30B-n512 0.960×)"
+  assert card["ffi"][2].cell() == "1 of 2 (7B-n256 1.086×)"
+  md = "\n".join(targets.markdown(doc))
+  assert "| target (misses: ratio) | `pallas` | `ffi` | `auto` |" in md
+  # An old gradients-only row is not scored; without a second backend there is no auto.
+  doc["results"] = [r for r in doc["results"] if r["impl"] != "ffi"]
+  doc["results"][0]["fwdbwd_step"] = "grads-only"
+  card = targets.scorecard(doc)
+  assert list(card) == ["pallas"] and list(card["pallas"][0].ratios) == ["paper-30B-n512"]
+  assert targets.markdown({"meta": {}, "results": []}) == []

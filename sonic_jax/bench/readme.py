@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from sonic_jax.bench import targets
 from sonic_jax.bench.merge import OLD_STEP, UNORDERED_STEP
 from sonic_jax.bench.report import GiB, _mode, _tf, memory_bytes
 
@@ -155,6 +156,13 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
     title = "Top-K routing, uniform" if m["routing"] == "topk" else f"Routing: {m['routing']}"
     lines += [f"**{title}** (full report: [{os.path.basename(path)[:-5]}.md]"
               f"({_rel(path[:-5] + '.md', readme)}))", ""]
+    score = targets.markdown(doc)
+    if score:
+      lines += ["Against the targets, forward+backward TFLOP/s over the reference's (configs "
+                "below; the paper's f+b is 18 / (6 / fwd + 12 / bwd) of its H100 figures; "
+                "`auto`: per config the row of the backend `sonic_jax.auto_order(d, n)` puts "
+                "first, what `backend=\"auto\"` runs there; `sonic_jax.bench.targets`):", ""]
+      lines += score + [""]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("| --- | --- |" + " ---: |" * (len(header) - 2))
     lines += ["| " + " | ".join(r) + " |" for r in rows]
