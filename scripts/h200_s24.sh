@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
-# Next device call (prepared in session 24, which had no device time; carry the built library):
-# 1. GPU tests: every kind-10 schedule incl. config 9 (GATHER_TMA_256x128_C1, built in session
-#    22-23, never run on a GPU) and backend='auto' by shape and dtype (session 24);
-# 2. dW1 / dW2 alone per schedule (config 8 'gather', config 9 'nocluster', gather_rows +
-#    CUTLASS 'plain') at three shapes;
-# 3. on an H200 only (the README table is H200-only): the ffi layer benchmark of the two presets
-#    whose rows are still session 12's (DeepSeek-V3-like 1.008x, Mixtral 1.061x the original).
-#   run(command="bash scripts/h200_s24.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# Next device calls (prepared in session 24, which had no device time; carry the built library).
+# PART=kernels (default):
+#   GPU tests of every kind-10 schedule incl. config 9 (GATHER_TMA_256x128_C1, built in
+#   session 22-23, never run on a GPU) and of backend='auto' by shape and dtype (session 24);
+#   dW1 / dW2 alone per schedule (config 8 'gather', config 9 'nocluster', gather_rows +
+#   CUTLASS 'plain') at three shapes.
+# PART=bench (an H200 only: the README table is H200-only): the ffi layer benchmark of the two
+#   presets whose rows are still session 12's (DeepSeek-V3-like 1.008x, Mixtral 1.061x the
+#   original).
+# PART=mix: the step per kernel of ffi with pallas' dW1 / dW2 (different calls measured pallas'
+#   15.5 / 7.2 ms against ffi's 16.2 / 8.2 at DeepSeek-V3-like): if a mix wins in one call,
+#   backend='auto' can return it for those shapes.
+#   run(command="PART=kernels bash scripts/h200_s24.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s24_out}
 begin_call
-gpu_tests "${TEST_S:-150}" tests/test_ffi.py tests/test_backends.py \
-  -k "gathered_varlen_k or auto"
-wgrad_times 70 "${TIME_VARIANTS:-gather,nocluster,plain}" \
-  ${TIME_CONFIGS:-32768,4096,1024,128,8 32768,4096,256,256,16 40960,768,256,128,8}
-if grep -q H200 "$OUT/gpu.txt" && [[ ${BENCH:-1} != 0 ]]; then
-  BACKENDS=ffi layer_bench "${TOTAL_S:-560}" "${BENCH_TAG:-s24-ffi-presets}" \
-    DeepSeek-V3-like Mixtral-8x7B
-fi
+case ${PART:-kernels} in
+kernels)
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py tests/test_backends.py \
+    -k "gathered_varlen_k or auto"
+  wgrad_times 70 "${TIME_VARIANTS:-gather,nocluster,plain}" \
+    ${TIME_CONFIGS:-32768,4096,1024,128,8 32768,4096,256,256,16 40960,768,256,128,8}
+  ;;
+bench)
+  if grep -q H200 "$OUT/gpu.txt"; then
+    BACKENDS=ffi layer_bench "${TOTAL_S:-560}" "${BENCH_TAG:-s24-ffi-presets}" \
+      DeepSeek-V3-like Mixtral-8x7B
+  else
+    echo "not an H200: the preset rows of the README table are H200 rows; skipped"
+  fi
+  ;;
+mix)
+  PROF_TAG=mix kernel_profile "${PROF_S:-500}" \
+    "${MIX_CONFIGS:-DeepSeek-V3-like,paper-120B-n1024}" \
+    "ffi,ffi+dw1/dw2=pallas,ffi+dw2=pallas,pallas" 0.1
+  ;;
+esac
 echo "== [$(since) s] done"
