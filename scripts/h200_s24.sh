@@ -11,6 +11,9 @@
 # PART=mix: the step per kernel of ffi with pallas' dW1 / dW2 (different calls measured pallas'
 #   15.5 / 7.2 ms against ffi's 16.2 / 8.2 at DeepSeek-V3-like): if a mix wins in one call,
 #   backend='auto' can return it for those shapes.
+# PART=dx: benchmarks/dx_add.py at the two configs where the pallas step is 0.988-0.993x the
+#   paper (7B-n256, 1.4B-n512): is the router's x-gradient add (about 1.5 % of those steps)
+#   folded into the dx GEMM with dx taken from the ordering barrier, or with cuBLASLt?
 #   run(command="PART=kernels bash scripts/h200_s24.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
 source scripts/device_env.sh
@@ -35,6 +38,17 @@ mix)
   PROF_TAG=mix kernel_profile "${PROF_S:-500}" \
     "${MIX_CONFIGS:-DeepSeek-V3-like,paper-120B-n1024}" \
     "ffi,ffi+dw1/dw2=pallas,ffi+dw2=pallas,pallas" 0.1
+  ;;
+dx)
+  for flags in "" "--xla_gpu_enable_cublaslt=true"; do
+    for cfg in paper-7B-n256 paper-1.4B-n512; do
+      log=$OUT/dx-$cfg${flags:+-cublaslt}.txt
+      echo "== [$(since) s] dx add $cfg ${flags}"
+      XLA_FLAGS=$flags timeout "${DX_S:-120}" $PY benchmarks/dx_add.py --config "$cfg" \
+        --backends pallas,ffi --hlo-dir "$OUT/hlo${flags:+-cublaslt}" > "$log" 2>&1
+      tail -n 6 "$log" | cut -c1-200
+    done
+  done
   ;;
 esac
 echo "== [$(since) s] done"

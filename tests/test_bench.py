@@ -595,3 +595,53 @@ def test_targets_scorecard():
   card = targets.scorecard(doc)
   assert list(card) == ["pallas"] and list(card["pallas"][0].ratios) == ["paper-30B-n512"]
   assert targets.markdown({"meta": {}, "results": []}) == []
+
+
+def _load_benchmark(name: str):
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", f"{name}.py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+_DX_HLO = """HloModule m
+
+%fused_add (p0: bf16[4,8], p1: bf16[4,8]) -> bf16[4,8] {
+  ROOT %add.1 = bf16[4,8]{1,0} add(%p0, %p1)
+}
+
+ENTRY %main (a: bf16[4,8], b: bf16[4,8]) -> (bf16[4,8], bf16[4,8]) {
+  %a = bf16[4,8]{1,0} parameter(0)
+  %b = bf16[4,8]{1,0} parameter(1)
+  %gemm = (bf16[4,8]{1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"alpha_real":1,"beta":1}}
+  %gte = bf16[4,8]{1,0} get-tuple-element(%gemm), index=0
+  %wrapped_add = bf16[4,8]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused_add
+  ROOT %tuple = (bf16[4,8]{1,0}, bf16[4,8]{1,0}) tuple(%wrapped_add, %gte)
+}
+"""
+
+
+def test_dx_add_reads_the_x_gradients_producer():
+  """benchmarks/dx_add.py: the root tuple's operand, through get-tuple-element, to a cuBLAS
+  GEMM with its beta (the add folded in), and the count of standalone adds of a shape."""
+  mod = _load_benchmark("dx_add")
+  got = mod.x_grad_producer(_DX_HLO, index=1)
+  assert got.startswith("custom-call gemm target=__cublas$gemm beta=1") and "gte" in got
+  assert mod.x_grad_producer(_DX_HLO, index=0) == "fusion wrapped_add kLoop"
+  assert mod.standalone_adds(_DX_HLO, "bf16[4,8]") == 1
+  assert mod.standalone_adds(_DX_HLO, "bf16[8,8]") == 0
+
+
+def test_dx_from_barrier_keeps_the_gradients(capsys):
+  """experts._DX_FROM_BARRIER returns the same x gradient (the barrier's output is its
+  operand); dx_add.py runs both variants on the CPU and restores the switch."""
+  mod = _load_benchmark("dx_add")
+  mod.main(["--config", "64,32,16,4,2", "--backends", "xla", "--iters", "1", "--warmup", "0"])
+  out = capsys.readouterr().out
+  lines = {tuple(line.split()[:2]): line for line in out.splitlines() if line.startswith("xla")}
+  assert set(lines) == {("xla", "combine"), ("xla", "barrier")}
+  assert " 0.0e+00 " in lines[("xla", "barrier")]  # gradients bit for bit equal
+  from sonic_jax import experts
+  assert experts._DX_FROM_BARRIER is False
