@@ -145,3 +145,25 @@ def test_gpu_auto_picks_by_shape_and_dtype():
   x, rw, w1, w2, plan = _call(Problem(T=64, d=1536, n=512, E=4, K=2), jnp.float32)
   with pytest.warns(UserWarning, match="on xla"):
     assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == "xla"
+
+
+def test_auto_order_matches_the_recorded_h200_results():
+  """The rule in auto_order against the newest recorded GPU results (the README's table): on
+  every config with both GPU backends measured, auto's f+b is within 1 % of the faster one
+  (fails when new results disagree with the rule, so the rule follows the measurements)."""
+  import os
+  from sonic_jax.bench import readme, targets
+  results = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+  docs = readme.select(readme.load_results(results))
+  assert docs, "no recorded GPU results"
+  checked = 0
+  for _, doc in docs:
+    by = {(r["config"], r["impl"]): targets.fwdbwd_tflops(r) for r in doc["results"]}
+    for r in doc["results"]:
+      p, f = by.get((r["config"], "pallas")), by.get((r["config"], "ffi"))
+      if r["impl"] != "pallas" or not p or not f:
+        continue
+      got = {"pallas": p, "ffi": f}[sonic_jax.auto_order(r["d"], r["n"])[0]]
+      assert got >= 0.99 * max(p, f), (r["config"], p, f)
+      checked += 1
+  assert checked >= 12

@@ -35,7 +35,9 @@ def paper_fwdbwd(paper_tflops) -> float | None:
   return 18.0 / (6.0 / fwd + 12.0 / bwd)
 
 
-def _fwdbwd(row) -> float | None:
+def fwdbwd_tflops(row) -> float | None:
+  """A result row's forward+backward TFLOP/s, or None where it did not run or was timed on the
+  old gradients-only step."""
   if row is None or row.get("status") not in ("ok", "partial"):
     return None
   if row.get("fwdbwd_step") == OLD_STEP:
@@ -72,7 +74,7 @@ def backends_measured(doc: dict) -> list[str]:
   """The sonic_jax GPU backends (not the xla reference) with at least one scored row."""
   names = dict.fromkeys(r["impl"] for r in doc["results"]
                         if r.get("kind") == "backend" and r["impl"] != "xla")
-  return [n for n in names if any(_fwdbwd(r) for r in doc["results"] if r["impl"] == n)]
+  return [n for n in names if any(fwdbwd_tflops(r) for r in doc["results"] if r["impl"] == n)]
 
 
 def scorecard(doc: dict, order: Callable[[int, int], tuple[str, ...]] = auto_order
@@ -86,17 +88,17 @@ def scorecard(doc: dict, order: Callable[[int, int], tuple[str, ...]] = auto_ord
 
   def value(config: str, impl: str) -> float | None:
     if impl != "auto":
-      return _fwdbwd(by.get((config, impl)))
+      return fwdbwd_tflops(by.get((config, impl)))
     for name in order(*shape[config]):
-      if name in impls and _fwdbwd(by.get((config, name))):
-        return _fwdbwd(by[(config, name)])
+      if name in impls and fwdbwd_tflops(by.get((config, name))):
+        return fwdbwd_tflops(by[(config, name)])
     return None
 
   def reference(config: str, kind: str) -> float | None:
     rows = [r for r in doc["results"] if r["config"] == config]
     if kind == "paper":
       return paper_fwdbwd(rows[0].get("paper_tflops")) if rows else None
-    return _fwdbwd(by.get((config, ORIGINAL)))
+    return fwdbwd_tflops(by.get((config, ORIGINAL)))
 
   out = {}
   for impl in impls + (["auto"] if len(impls) > 1 else []):
