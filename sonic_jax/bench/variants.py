@@ -1,6 +1,7 @@
 """Backend variants named on the command line of the diagnostic benchmarks.
 
-``xla``, or ``pallas[:<backward_gathers>][:<option>...]``. Options: ``dw1-early`` (dW1 where XLA
+``xla``, ``auto`` (``backend="auto"``: per config the backend ``sonic_jax.auto_order(d, n)``
+picks), or ``pallas[:<backward_gathers>][:<option>...]``. Options: ``dw1-early`` (dW1 where XLA
 schedules it, ``PallasKernels(dw1_last=False)``), ``dh-ring`` (dh on the warp-specialized ring
 kernel fed by TMA, ``DhConfig(ring=True)``, 3 stages), ``row_gather=<impl>`` (the backward's
 pre-gathered dO / x rows: ``PallasKernels(row_gather=...)``, xla, jax_triton or
@@ -92,8 +93,8 @@ def kernels_for(spec: str, d: int | None = None, n: int | None = None):
   width ``n`` (needed by the config options); SystemExit on a bad spec."""
   if "+" in spec:
     return _mixed_kernels(spec, d, n)
-  if spec == "xla":
-    return "xla"
+  if spec in ("xla", "auto"):
+    return spec
   if spec == "ffi" or spec.startswith("ffi:"):
     return _ffi_kernels(spec)
   name, *rest = spec.split(":")
@@ -143,7 +144,7 @@ def _as_kernels(spec: str, d: int | None, n: int | None):
   kern = kernels_for(spec, d, n)
   if isinstance(kern, str):
     from sonic_jax.backends import resolve_backend
-    kern = resolve_backend(kern)
+    kern = resolve_backend(kern, d=d, n=n)
   return kern
 
 
