@@ -19,7 +19,9 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s24_out}
 begin_call
-case ${PART:-kernels} in
+PART=${PART:-kernels}
+for part in ${PART//,/ }; do  # PART=kernels,bench runs both in one call
+case $part in
 kernels)
   gpu_tests "${TEST_S:-150}" tests/test_ffi.py tests/test_backends.py \
     -k "gathered_varlen_k or auto"
@@ -52,5 +54,7 @@ dx)
     done
   done
   ;;
+*) echo "unknown PART $part" ;;
 esac
+done
 echo "== [$(since) s] done"
