@@ -1,22 +1,21 @@
 """Where the layer step's x gradient is summed, and what the separate add costs.
 
-  python benchmarks/dx_add.py [--config paper-7B-n256] [--backends pallas,ffi]
-                              [--variants combine,barrier] [--iters 10] [--hlo-dir DIR]
+  python benchmarks/dx_add.py [--config paper-7B-n256] [--backends pallas,ffi] [--iters 10]
+                              [--hlo-dir DIR]
 
 x has two uses in a layer (the router and the expert block), so autodiff adds their
 cotangents: the router's dx GEMM (dl · router_wᵀ) and the expert block's dx combine. On the
 H200 that add is its own kernel at the end of the step (47-57 µs at the n = 256 paper configs,
-about 1.5 % of the pallas step; 0.19 ms at 120B-n1024 on ffi). XLA's cuBLAS GEMM can take
-the add as its addend (beta = 1), but its legacy path only fuses an addend with no other user.
-Variants: ``combine`` (the default backward: with dw1_last the combine's output also feeds the
-ordering barrier), ``barrier`` (``experts._DX_FROM_BARRIER``: dx is the barrier's output, so
-each has one user). For each backend and variant: the optimized HLO's producer of the x
-gradient (a cuBLAS GEMM with the add folded in, or a separate add), the number of standalone
-adds of x's shape, the step time (CUPTI median on a GPU) and the gradients' relative error
-against the first variant. Run once more with XLA_FLAGS=--xla_gpu_enable_cublaslt=true to see
-whether cuBLASLt (out of place) folds it either way.
+about 1.5 % of the pallas step; 0.19 ms at 120B-n1024 on ffi). XLA's cuBLAS GEMM can take an
+add as its addend (beta = 1). Per backend this prints the optimized HLO's producer of the x
+gradient (a cuBLAS GEMM with the add folded in, or a separate add fusion), the number of
+standalone adds of x's shape and the step time (CUPTI median on a GPU); run it again with
+XLA_FLAGS=--xla_gpu_enable_cublaslt=true for cuBLASLt. Session 25 (H100, 7B-n256 and
+1.4B-n512, both backends, with and without cuBLASLt, and with dx taken from the dw1_last
+ordering barrier so that each value has one user): always a separate ``wrapped_add`` loop
+fusion, so XLA does not fold it here; removing it takes the router's dx GEMM inside the
+expert block's backward (benchmarks/results/s25-h100-2026-12-06.md).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -27,12 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sonic_jax import experts
 from sonic_jax.bench import configs, timing
 from sonic_jax.bench.problems import RoutingSpec, make_problem, sonic_layer
 from sonic_jax.bench.runner import fwdbwd_step
 
-VARIANTS = ("combine", "barrier")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
 
 
@@ -99,25 +96,15 @@ def standalone_adds(hlo: str, shape: str) -> int:
   return n
 
 
-def _rel(a, b) -> float:
-  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--config", default="paper-7B-n256", help="a config name or T,d,n,E,K")
   ap.add_argument("--backends", default="pallas,ffi")
-  ap.add_argument("--variants", default=",".join(VARIANTS))
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--hlo-dir", default=None, help="write each variant's optimized HLO here")
   args = ap.parse_args(argv)
   cfg = configs.parse_configs(args.config)[0]
-  variants = [v for v in args.variants.split(",") if v]
-  for v in variants:
-    if v not in VARIANTS:
-      raise SystemExit(f"unknown variant {v!r}: one of {VARIANTS}")
   dtype = jnp.bfloat16
   problem = make_problem(cfg, dtype=dtype)
   step_args = (*problem.args, problem.dout)
@@ -126,34 +113,27 @@ def main(argv=None) -> None:
   print(f"{cfg.name} {cfg.shape} on {jax.devices()[0].device_kind}; XLA_FLAGS={flags!r}")
   rows = []
   for backend in [b for b in args.backends.split(",") if b]:
-    ref = None
-    for variant in variants:
-      experts._DX_FROM_BARRIER = variant == "barrier"
-      experts._expert_block.cache_clear()
-      try:
-        step = fwdbwd_step(sonic_layer(backend, cfg, RoutingSpec()))
-        c = timing.compile_fn(step, step_args)
-      except Exception as e:  # noqa: BLE001 - report and go on with the next one
-        rows.append((backend, variant, f"failed: {type(e).__name__}: {str(e)[:120]}", "", "", ""))
-        continue
-      hlo = c.fn.as_text()
-      if args.hlo_dir:
-        os.makedirs(args.hlo_dir, exist_ok=True)
-        with open(os.path.join(args.hlo_dir, f"{cfg.name}-{backend}-{variant}.hlo.txt"), "w") as f:
-          f.write(hlo)
-      out = jax.block_until_ready(c.fn(*step_args))
-      grads = out[1]
-      err = "-" if ref is None else f"{max(_rel(g, r) for g, r in zip(grads, ref)):.1e}"
-      ref = grads if ref is None else ref
-      t = timing.time_compiled(c, step_args, warmup=args.warmup, iters=args.iters, wall_too=False)
-      rows.append((backend, variant, f"{t.median_ms:.3f} ({t.timer})",
-                   str(standalone_adds(hlo, shape)), err, x_grad_producer(hlo)))
-      del out, grads
-  experts._DX_FROM_BARRIER = False
-  experts._expert_block.cache_clear()
-  print(f"{'backend':8s} {'variant':8s} {'step ms':16s} {'adds':4s} {'rel':7s} x-gradient producer")
+    try:
+      step = fwdbwd_step(sonic_layer(backend, cfg, RoutingSpec()))
+      c = timing.compile_fn(step, step_args)
+    except Exception as e:  # noqa: BLE001 - report and go on with the next one
+      rows.append((backend, f"failed: {type(e).__name__}: {str(e)[:120]}", "", ""))
+      continue
+    hlo = c.fn.as_text()
+    if args.hlo_dir:
+      os.makedirs(args.hlo_dir, exist_ok=True)
+      with open(os.path.join(args.hlo_dir, f"{cfg.name}-{backend}.hlo.txt"), "w") as f:
+        f.write(hlo)
+    dx = jax.block_until_ready(c.fn(*step_args))[1][0]
+    if not np.isfinite(np.asarray(dx, np.float32)).all():
+      raise SystemExit(f"{backend}: the x gradient is not finite")
+    t = timing.time_compiled(c, step_args, warmup=args.warmup, iters=args.iters, wall_too=False)
+    rows.append((backend, f"{t.median_ms:.3f} ({t.timer})", str(standalone_adds(hlo, shape)),
+                 x_grad_producer(hlo)))
+    del dx
+  print(f"{'backend':8s} {'step ms':16s} {'adds':4s} x-gradient producer")
   for r in rows:
-    print(f"{r[0]:8s} {r[1]:8s} {r[2]:16s} {r[3]:4s} {r[4]:7s} {r[5]}")
+    print(f"{r[0]:8s} {r[1]:16s} {r[2]:4s} {r[3]}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 #   backend='auto' can return it for those shapes.
 # PART=dx: benchmarks/dx_add.py at the two configs where the pallas step is 0.988-0.993x the
 #   paper (7B-n256, 1.4B-n512): is the router's x-gradient add (about 1.5 % of those steps)
-#   folded into the dx GEMM with dx taken from the ordering barrier, or with cuBLASLt?
+#   folded into the dx GEMM, with or without cuBLASLt? (Session 25, H100: no, a separate add
+#   fusion; the barrier variant was dropped: benchmarks/results/s25-h100-2026-12-06.md.)
 #   run(command="PART=kernels bash scripts/h200_s24.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
 source scripts/device_env.sh

@@ -37,16 +37,6 @@ class _Sequential:
         functools.partial(fn, **kw))(*args)
 
 
-# Whether the dw1_last backward returns dx as the ordering barrier's output instead of the
-# combine's (the same values). Then the combine's output has one user, the barrier, and the
-# add of the router's x cotangent meets the barrier's output, which has one user too: what
-# XLA's cuBLAS GEMM needs to fold that add into the router's dx GEMM (beta = 1; the legacy
-# cuBLAS path overwrites its addend, so it only fuses an addend with no other user). An
-# experiment switch until benchmarks/dx_add.py has measured it on a GPU (the add is a separate
-# 47-57 µs kernel at the end of the pallas step at the n = 256 paper configs, about 1.5 %).
-_DX_FROM_BARRIER = False
-
-
 @functools.cache
 def _expert_block(backend: ExpertKernels):
   """custom_vjp expert block bound to one backend (cached per backend instance)."""
@@ -83,10 +73,8 @@ def _expert_block(backend: ExpertKernels):
           (plan.group_sizes, plan.group_offsets, dw2))
       dx_pairs = kernels.dx_pairs(dh, w1, plan.replace(group_sizes=sizes, group_offsets=offsets))
       dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
-      gather_idx, reverse_idx, dx_after, _ = jax.lax.optimization_barrier(
+      gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
           (plan.gather_idx, plan.reverse_idx, dx, dw2))
-      if _DX_FROM_BARRIER:
-        dx = dx_after
       dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
       # The scores' gradient only after dW1: the router's backward, which recomputes the
       # (T, E) logits (routing.router_top_k), then runs once the (P, ·) buffers are dead
