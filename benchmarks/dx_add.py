@@ -16,6 +16,7 @@ ordering barrier so that each value has one user): always a separate ``wrapped_a
 fusion, so XLA does not fold it here; removing it takes the router's dx GEMM inside the
 expert block's backward (benchmarks/results/s25-h100-2026-12-06.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,7 +103,7 @@ def main(argv=None) -> None:
   ap.add_argument("--backends", default="pallas,ffi")
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--warmup", type=int, default=2)
-  ap.add_argument("--hlo-dir", default=None, help="write each variant's optimized HLO here")
+  ap.add_argument("--hlo-dir", default=None, help="write each backend's optimized HLO here")
   args = ap.parse_args(argv)
   cfg = configs.parse_configs(args.config)[0]
   dtype = jnp.bfloat16
