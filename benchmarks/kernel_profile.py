@@ -15,9 +15,9 @@ same position, from --min-ms up): a kernel's gain counts only beyond that. Needs
 Variants (``sonic_jax.bench.variants``): ``pallas[:<backward_gathers>][:<option>...]``, options
 ``dw1-early``, ``dh-ring`` and ``<kernel>.<field>=<value>`` over the kernel's default config, e.g.
 ``pallas::up_proj.block_k=32`` or ``pallas::dh.block_n=64:dh.ctas_per_sm=2``. A variant ending in
-``@saved-logits`` routes with ``route_logits`` on the router's logits, which autodiff keeps for the
-backward, instead of ``sonic_jax.moe``'s ``route`` (which recomputes them), e.g.
-``pallas,pallas@saved-logits``.
+``@<route path>`` runs one of the paths ``sonic_jax.moe`` took before
+(``sonic_jax.bench.variants.layer_for``): ``@saved-logits``, ``@two-step`` or
+``@recomputed-router``, e.g. ``pallas,pallas@two-step``.
 """
 
 from __future__ import annotations
@@ -61,18 +61,6 @@ def _drift(ref_rows: list[tuple[str, float]], rows: list[tuple[str, float]],
   return statistics.median(ratios), len(ratios)
 
 
-def _saved_logits_layer(kern, top_k: int):
-  """The layer routed by ``route_logits`` on the router GEMM's logits: autodiff keeps the (T, E)
-  logits for the backward (what ``sonic_jax.moe`` did before ``route`` recomputed them)."""
-  import sonic_jax
-
-  def layer(x, router_w, w1, w2):
-    plan = sonic_jax.route_logits(sonic_jax.router_logits(x, router_w), top_k=top_k, impl="auto")
-    return sonic_jax.moe_experts(x, plan, w1, w2, backend=kern)
-
-  return layer
-
-
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--configs", default="paper-1.4B-n512")
@@ -89,11 +77,10 @@ def main(argv=None) -> int:
   import jax
   from jax.experimental.mosaic.gpu import profiler
 
-  import sonic_jax
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
   from sonic_jax.bench.runner import fwdbwd_step, rel_errs
-  from sonic_jax.bench.variants import kernels_for
+  from sonic_jax.bench.variants import layer_for
 
   if jax.devices()[0].platform != "gpu":
     raise SystemExit("kernel_profile.py needs a GPU (CUPTI)")
@@ -105,12 +92,7 @@ def main(argv=None) -> int:
     iters = args.iters
     for spec in args.variants.split(","):
       try:
-        kern_spec, _, route_opt = spec.partition("@")
-        if route_opt not in ("", "saved-logits"):
-          raise SystemExit(f"variant {spec!r}: the only routing option is '@saved-logits'")
-        kern = kernels_for(kern_spec, cfg.d, cfg.n)
-        layer = (_saved_logits_layer(kern, cfg.K) if route_opt else
-                 lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern))
+        layer = layer_for(spec, cfg.d, cfg.n, cfg.K)
         fn = jax.jit(fwdbwd_step(layer))
         step_out = jax.block_until_ready(fn(*prob.args, prob.dout))
       except (Exception, SystemExit) as e:  # one variant that does not build must not end it

@@ -9,6 +9,8 @@ except compilation, so it is cheap; the full reports go to --out-dir.
 
   python benchmarks/memory_report.py --configs paper-1.4B-n512,paper-30B-n1024 \
       --variants pallas,pallas:fused-x --out-dir /tmp/mem
+
+Variants as ``kernel_profile.py``'s, a route path included (``pallas@two-step``).
 """
 
 from __future__ import annotations
@@ -51,20 +53,16 @@ def main(argv=None) -> int:
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_dump_to={dump} --xla_dump_hlo_module_re={_DUMP_RE}")
   import jax
-  import sonic_jax
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
   from sonic_jax.bench.runner import fwdbwd_step
-  from sonic_jax.bench.variants import kernels_for
+  from sonic_jax.bench.variants import layer_for
 
   summary = []
   for cfg in parse_configs(args.configs.split(",")):
     prob = make_problem(cfg, seed=0)
     for spec in args.variants.split(","):
-      kern = kernels_for(spec, cfg.d, cfg.n)
-
-      memory_step = fwdbwd_step(
-          lambda *a, kern=kern, k=cfg.K: sonic_jax.moe(*a, top_k=k, backend=kern))
+      memory_step = fwdbwd_step(layer_for(spec, cfg.d, cfg.n, cfg.K))
       memory_step.__name__ = "memory_step"  # the XLA dump's module name (_DUMP_RE)
 
       before = set(glob.glob(os.path.join(dump, "*memory-usage-report.txt")))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from sonic_jax.backends import select_backend
 from sonic_jax.kernels import ExpertKernels
+from sonic_jax import routing
 from sonic_jax.routing import RoutingPlan
 
 
@@ -37,6 +38,67 @@ class _Sequential:
         functools.partial(fn, **kw))(*args)
 
 
+def _forward(kernels, x, scores, w1, w2, plan):
+  """Training forward: (out (T, d), residuals x, H, scores, weights, plan)."""
+  h, a = kernels.up_proj(x, w1, plan)
+  y = kernels.down_proj(a, w2, plan)
+  out = kernels.combine(y, plan, scores, out_dtype=x.dtype)
+  return out, (x, h, scores, w1, w2, plan)
+
+
+def _backward(backend: ExpertKernels, kernels, res, dout, router_dx=None):
+  """The expert block's backward: (dx (T, d), dS (P,) fp32 grouped, dW1, dW2, carry).
+
+  router_dx: None, or a function of dS returning (the router's x-gradient (T, d), carry): it
+  runs once dX_pairs exists and its result joins the dx combine (``combine_add``), instead of
+  an add kernel after the backward; carry (e.g. the router's logit cotangent, for d router_w)
+  is returned after dW1.
+  """
+  x, h, scores, w1, w2, plan = res
+  dout = dout.astype(x.dtype)
+  s_grouped = scores[plan.scatter_idx]
+  dh, a_prime, ds = kernels.dh(dout, w2, h, s_grouped, plan)
+  dw2 = kernels.dw2(dout, a_prime, plan)
+
+  def combine_dx(dx_pairs, ds):
+    if router_dx is None:
+      return kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype), None
+    addend, carry = router_dx(ds)
+    return kernels.combine_add(dx_pairs, plan, addend, out_dtype=x.dtype), carry
+
+  if backend.dw1_last:
+    # Peak memory (see ExpertKernels.dw1_last): dX_pairs only after dW2, so that dO's
+    # gathered rows (dh, dW2) are dead before the (P, d) dX_pairs is allocated (XLA ran
+    # dx_pairs first: H200 memory report, paper-1.4B-n512); x gathered for dW1 only once
+    # dX_pairs is dead too. Only small arrays go through the barriers (a large operand that
+    # stays live past one may be copied; the whole plan crashed XLA's CPU compiler inside
+    # shard_map): the group sizes and offsets, and the row indices for a gather by
+    # gather_idx or a scatter by reverse_idx.
+    sizes, offsets, _ = jax.lax.optimization_barrier(
+        (plan.group_sizes, plan.group_offsets, dw2))
+    dx_pairs = kernels.dx_pairs(dh, w1, plan.replace(group_sizes=sizes, group_offsets=offsets))
+    # The router's x-gradient (a (T, d) addend) only once dX_pairs exists, not beside dW2.
+    ds_now = ds if router_dx is None else jax.lax.optimization_barrier((ds, dx_pairs))[0]
+    dx, carry = combine_dx(dx_pairs, ds_now)
+    gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
+        (plan.gather_idx, plan.reverse_idx, dx, dw2))
+    dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
+    # The scores' gradient only after dW1: the router's backward, which may recompute the
+    # (T, E) logits (routing.router_top_k), then runs once the (P, ·) buffers are dead
+    # instead of beside them (XLA put it next to dW1: H200 memory report, Qwen3-30B-A3B).
+    ds, carry, _ = jax.lax.optimization_barrier((ds, carry, dw1))
+  else:
+    dx_pairs = kernels.dx_pairs(dh, w1, plan)
+    dw1 = kernels.dw1(x, dh, plan)
+    dx, carry = combine_dx(dx_pairs, ds)
+  return dx, ds, dw1.astype(w1.dtype), dw2.astype(w2.dtype), carry
+
+
+def _flat_scores_grad(ds: jax.Array, plan: RoutingPlan) -> jax.Array:
+  """dS (P,) in grouped order -> (P,) fp32 in flat order, 0 on padding."""
+  return jnp.where(plan.valid_mask(), ds[plan.reverse_idx], 0.0)
+
+
 @functools.cache
 def _expert_block(backend: ExpertKernels):
   """custom_vjp expert block bound to one backend (cached per backend instance)."""
@@ -50,43 +112,69 @@ def _expert_block(backend: ExpertKernels):
     return kernels.combine(y, plan, scores, out_dtype=x.dtype)
 
   def fwd(x, scores, w1, w2, plan):
-    h, a = kernels.up_proj(x, w1, plan)
-    y = kernels.down_proj(a, w2, plan)
-    out = kernels.combine(y, plan, scores, out_dtype=x.dtype)
-    return out, (x, h, scores, w1, w2, plan)
+    return _forward(kernels, x, scores, w1, w2, plan)
 
   def bwd(res, dout):
-    x, h, scores, w1, w2, plan = res
-    dout = dout.astype(x.dtype)
-    s_grouped = scores[plan.scatter_idx]
-    dh, a_prime, ds = kernels.dh(dout, w2, h, s_grouped, plan)
-    dw2 = kernels.dw2(dout, a_prime, plan)
-    if backend.dw1_last:
-      # Peak memory (see ExpertKernels.dw1_last): dX_pairs only after dW2, so that dO's
-      # gathered rows (dh, dW2) are dead before the (P, d) dX_pairs is allocated (XLA ran
-      # dx_pairs first: H200 memory report, paper-1.4B-n512); x gathered for dW1 only once
-      # dX_pairs is dead too. Only small arrays go through the barriers (a large operand that
-      # stays live past one may be copied; the whole plan crashed XLA's CPU compiler inside
-      # shard_map): the group sizes and offsets, and the row indices for a gather by
-      # gather_idx or a scatter by reverse_idx.
-      sizes, offsets, _ = jax.lax.optimization_barrier(
-          (plan.group_sizes, plan.group_offsets, dw2))
-      dx_pairs = kernels.dx_pairs(dh, w1, plan.replace(group_sizes=sizes, group_offsets=offsets))
-      dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
-      gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
-          (plan.gather_idx, plan.reverse_idx, dx, dw2))
-      dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
-      # The scores' gradient only after dW1: the router's backward, which recomputes the
-      # (T, E) logits (routing.router_top_k), then runs once the (P, ·) buffers are dead
-      # instead of beside them (XLA put it next to dW1: H200 memory report, Qwen3-30B-A3B).
-      ds, _ = jax.lax.optimization_barrier((ds, dw1))
-    else:
-      dx_pairs = kernels.dx_pairs(dh, w1, plan)
-      dw1 = kernels.dw1(x, dh, plan)
-      dx = kernels.combine(dx_pairs, plan, None, out_dtype=x.dtype)
-    dscores = jnp.where(plan.valid_mask(), ds[plan.reverse_idx], 0.0).astype(scores.dtype)
-    zero_plan = jax.tree.map(_zero_cotangent, plan)
-    return dx, dscores, dw1.astype(w1.dtype), dw2.astype(w2.dtype), zero_plan
+    scores, plan = res[2], res[5]
+    dx, ds, dw1, dw2, _ = _backward(backend, kernels, res, dout)
+    dscores = _flat_scores_grad(ds, plan).astype(scores.dtype)
+    return dx, dscores, dw1, dw2, jax.tree.map(_zero_cotangent, plan)
+
+  block.defvjp(fwd, bwd)
+  return block
+
+
+@functools.cache
+def _routed_block(backend: ExpertKernels, renormalize: bool):
+  """custom_vjp of top-K routing's scores and the expert block together, bound to one backend.
+
+  block(x, router_w, logit_bias, w1, w2, top_p, mean_p, plan) -> (out, mean_p). top_p (T, K)
+  (the raw top-K probabilities), mean_p (E,) or None and the plan come from the router's
+  forward run outside (without gradient); the backward differentiates the scores and mean_p
+  into x, router_w and logit_bias itself (``routing.router_logit_grad``), so that the router's
+  x-gradient joins the experts' dx in the dx combine rather than in an add kernel after it.
+  """
+  kernels = _Sequential(backend)
+
+  def scores_of(top_p):
+    return (top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p).reshape(-1)
+
+  @jax.custom_vjp
+  def block(x, router_w, logit_bias, w1, w2, top_p, mean_p, plan):
+    return _expert_block(backend)(x, scores_of(top_p), w1, w2, plan), mean_p
+
+  def fwd(x, router_w, logit_bias, w1, w2, top_p, mean_p, plan):
+    out, res = _forward(kernels, x, scores_of(top_p), w1, w2, plan)
+    return (out, mean_p), (res, router_w, logit_bias, top_p)
+
+  def bwd(res, cts):
+    res, router_w, logit_bias, top_p = res
+    dout, g_m = cts
+    x, plan = res[0], res[5]
+    top_e = plan.expert_ids.reshape(top_p.shape)
+
+    def logit_grad(ds_or_g_s, after):
+      # The router's inputs pass a barrier with what the step must wait for: a recomputed
+      # router GEMM (raw probabilities or mean_p's gradient) is then neither merged with the
+      # forward's or the other recompute (CSE would keep (T, E) logits alive) nor hoisted.
+      xb, rwb, bb, pb, g, _ = jax.lax.optimization_barrier(
+          (x, router_w, logit_bias, top_p, ds_or_g_s, after))
+      return xb, rwb, routing.router_logit_grad(xb, rwb, bb, pb, top_e, g, g_m,
+                                                renormalize=renormalize)
+
+    def router_dx(ds):
+      # Only the (T, K) cotangent of the scores is carried to after dW1 (for d router_w), not
+      # the (T, E) dl: the fp32 dl carried through the barriers sat at the step's peak
+      # (+7 MiB at Qwen3-30B-A3B in the session-26 memory report).
+      g_s = _flat_scores_grad(ds, plan).reshape(top_p.shape)
+      xb, rwb, dl = logit_grad(g_s, ds)
+      return routing.router_dx(xb, rwb, dl), g_s
+
+    dx, _, dw1, dw2, g_s = _backward(backend, kernels, res, dout, router_dx)
+    xb, rwb, dl = logit_grad(g_s, dw1)
+    zero = jax.tree.map(_zero_cotangent, (top_p, g_m, plan))
+    return (dx, routing.router_dw(xb, rwb, dl), routing.router_bias_grad(logit_bias, dl),
+            dw1, dw2, *zero)
 
   block.defvjp(fwd, bwd)
   return block
@@ -144,6 +232,48 @@ def moe_experts(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *
   # The scores travel as their own differentiable argument; the plan keeps only index arrays.
   args = _match_varying_axes(x, plan.scores, w1, w2, plan.replace(scores=jnp.zeros((0,))))
   return _expert_block(kernels)(*args)
+
+
+def moe_top_k(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int,
+              renormalize: bool = True, logit_bias: jax.Array | None = None,
+              return_mean_probs: bool = False, backend: str | ExpertKernels = "auto",
+              routing_impl: str = "xla", interpret: bool = False
+              ) -> tuple[jax.Array, RoutingPlan, jax.Array | None]:
+  """Top-K routing and the expert block differentiated as one (what ``sonic_jax.moe`` runs).
+
+  Same values and gradients as ``route(x, router_w, ...)`` followed by ``moe_experts``, but one
+  custom_vjp owns both backwards: the router's x-gradient (dl · router_wᵀ) is the addend of the
+  experts' dx combine (``ExpertKernels.combine_add``) instead of an add kernel after the
+  backward, and renormalized scores need no recomputed router GEMM.
+
+  Args: x (T, d), router_w (d, E), w1 (E, d, 2n), w2 (E, n, d), as ``moe``; logit_bias (E,) or
+    None, return_mean_probs, routing_impl ("xla", "auto", "jax_triton", "pallas_triton") as
+    ``route``.
+  Returns:
+    (out (T, d), plan, mean_probs (E,) fp32 or None). The plan's scores carry no gradient (the
+    block differentiates them); mean_probs does (for ``load_balancing_loss_from_mean``).
+  """
+  routing.validate_router_args(x, router_w)
+  num_experts = router_w.shape[1]
+  if w1.shape[0] != num_experts:
+    raise ValueError(f"router_w has {num_experts} experts but w1 has {w1.shape[0]} (w1.shape[0] "
+                     f"must equal router_w.shape[1])")
+  if routing_impl != "xla":
+    from sonic_jax import triton as triton_routing
+    routing_impl = triton_routing.resolve_route_impl(routing_impl)
+  sg = jax.lax.stop_gradient
+  top_p, top_e, *mean_p = routing.router_top_k(
+      sg(x), sg(router_w), top_k, logit_bias=None if logit_bias is None else sg(logit_bias),
+      impl=routing_impl, interpret=interpret, mean_probs=return_mean_probs)
+  mean_p = mean_p[0] if return_mean_probs else None
+  scores = top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p
+  plan = routing.plan_from_top_k(scores, top_e, num_experts, False, routing_impl, interpret)
+  validate_expert_args(x, plan, w1, w2)
+  kernels = select_backend(backend, x, plan, w1, w2)
+  args = _match_varying_axes(x, router_w, logit_bias, w1, w2, top_p, mean_p,
+                             plan.replace(scores=jnp.zeros((0,))))
+  out, mean_p = _routed_block(kernels, bool(renormalize))(*args)
+  return out, plan, mean_p
 
 
 def _varying_axes(a) -> frozenset:

@@ -57,6 +57,14 @@ class ExpertKernels(abc.ABC):
     Tokens with no pairs get zeros.
     """
 
+  def combine_add(self, y: jax.Array, plan: RoutingPlan, addend: jax.Array,
+                  out_dtype) -> jax.Array:
+    """out[t] = Σ_{j in token t} Y[reverse_idx[j]] + addend[t]: the dx combine with the
+    router's x-gradient addend (T, d) added. This default adds after ``combine``; a backend
+    whose combine can take the addend in its fp32 sum (one pass over dx fewer) overrides it.
+    """
+    return (self.combine(y, plan, None, out_dtype) + addend.astype(out_dtype)).astype(out_dtype)
+
   @abc.abstractmethod
   def dh(self, dout: jax.Array, w2: jax.Array, h: jax.Array, scores_grouped: jax.Array,
          plan: RoutingPlan) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -85,6 +85,9 @@ class MixedKernels(ExpertKernels):
   def combine(self, y, plan, scores, out_dtype):
     return self.backend_of("combine").combine(y, plan, scores, out_dtype)
 
+  def combine_add(self, y, plan, addend, out_dtype):
+    return self.backend_of("combine").combine_add(y, plan, addend, out_dtype)
+
   def dh(self, dout, w2, h, scores_grouped, plan):
     return self.backend_of("dh").dh(dout, w2, h, scores_grouped, plan)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from sonic_jax.backends import validate_backend_name
-from sonic_jax.experts import moe_experts, validate_expert_args
+from sonic_jax.experts import moe_experts, moe_top_k, validate_expert_args
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax.routing import TokenRounding, route, validate_router_args
+from sonic_jax.routing import (TokenRounding, route, validate_router_args,
+                               validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton
 
 
@@ -40,6 +42,10 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
     raise ValueError(
         f"router_w has {router_w.shape[1]} experts but w1 has {w1.shape[0]} (w1.shape[0] must "
         f"equal router_w.shape[1])")
+  if routing == "topk":  # one custom_vjp for the router's and the experts' backward
+    validate_routing_args(np.zeros((1, router_w.shape[1]), np.float32), top_k, routing)
+    return moe_top_k(x, router_w, w1, w2, top_k=top_k, renormalize=renormalize,
+                     backend=backend, routing_impl=routing_impl)[0]
   plan = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
                impl=routing_impl)
   validate_expert_args(x, plan, w1, w2)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import linen, nnx
 
 from sonic_jax.backends import validate_backend_name
-from sonic_jax.experts import moe_experts
+from sonic_jax.experts import moe_experts, moe_top_k
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.routing import (TokenRounding, load_balancing_loss_from_mean, route,
                                validate_routing_args)
@@ -59,10 +59,12 @@ def _check_config(d_model, d_ff, num_experts, top_k, routing, backend, aux_loss_
 
 
 def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, eval_routing,
-           sharding=None, routing_impl="auto"):
+           sharding=None, routing_impl="auto", with_aux=True):
   """Shared forward of both modules: x (..., d) -> (out (..., d), aux loss scalar).
 
-  With ``sharding`` the layer runs on its mesh and the aux loss is the global one.
+  With ``sharding`` the layer runs on its mesh and the aux loss is the global one. Without
+  ``with_aux`` the aux loss may be returned as 0 (top-K routing then differentiates the router
+  from the (T, K) scores alone, without the mean probabilities' recomputed (T, E) softmax).
   """
   d = router_w.shape[0]
   if x.shape[-1] != d:
@@ -75,6 +77,12 @@ def _apply(x, router_w, w1, w2, *, top_k, renormalize, routing, backend, dtype, 
     out, aux = sharded_moe(xt, router_w, w1, w2, sharding=sharding, top_k=top_k,
                            renormalize=renormalize, routing=routing, backend=backend,
                            routing_impl=routing_impl, return_aux_loss=True)
+  elif routing == "topk":  # one custom_vjp for the router's and the experts' backward
+    out, plan, mean_p = moe_top_k(xt, router_w, w1, w2, top_k=top_k, renormalize=renormalize,
+                                  return_mean_probs=with_aux, backend=backend,
+                                  routing_impl=routing_impl)
+    aux = (load_balancing_loss_from_mean(mean_p, plan) if with_aux
+           else jnp.zeros((), jnp.float32))
   else:
     # route() keeps no (T, E) tensor for the backward, for the plan's scores nor for the aux
     # loss's mean probabilities.
@@ -131,7 +139,8 @@ class MoE(nnx.Module):
     out, aux = _apply(x, self.router[...], self.w1[...], self.w2[...], top_k=self.top_k,
                       renormalize=self.renormalize, routing=self.routing, backend=self.backend,
                       dtype=self.dtype, eval_routing=self.eval_topk and self.deterministic,
-                      sharding=self.sharding, routing_impl=self.routing_impl)
+                      sharding=self.sharding, routing_impl=self.routing_impl,
+                      with_aux=return_aux_loss or self.aux_loss_coef > 0)
     aux = self.aux_loss_coef * aux
     if return_aux_loss:
       return out, aux
@@ -177,7 +186,8 @@ class MoELinen(linen.Module):
     out, aux = _apply(x, router, w1, w2, top_k=self.top_k, renormalize=self.renormalize,
                       routing=self.routing, backend=self.backend, dtype=self.dtype,
                       eval_routing=self.eval_topk and deterministic, sharding=self.sharding,
-                      routing_impl=self.routing_impl)
+                      routing_impl=self.routing_impl,
+                      with_aux=return_aux_loss or self.aux_loss_coef > 0)
     aux = self.aux_loss_coef * aux
     if return_aux_loss:
       return out, aux

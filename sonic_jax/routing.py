@@ -310,9 +310,11 @@ def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = 
     (T, E) tensor kept for its backward either.
 
   The plan is the one ``route_logits(router_logits(x, router_w) + logit_bias, ...)`` makes, bit
-  for bit. For top-K routing the gradient keeps no (T, E) tensor for the backward: the router
-  GEMM is recomputed from x and router_w there (``router_top_k``), T·d·E multiply-adds instead
-  of T·E fp32 values held through the expert block's backward. Token rounding needs the full
+  for bit. For top-K routing the gradient keeps no (T, E) tensor for the backward
+  (``router_top_k``): renormalized scores (the default) differentiate from the (T, K) scores
+  alone; with ``renormalize=False`` or ``return_mean_probs`` the router GEMM is recomputed from
+  x and router_w there, T·d·E multiply-adds instead of T·E fp32 values held through the expert
+  block's backward. Token rounding needs the full
   probabilities to pick its extra tokens and differentiates through them as ``route_logits``.
   """
   validate_router_args(x, router_w)
@@ -329,9 +331,10 @@ def route(x: jax.Array, router_w: jax.Array, *, top_k: int, renormalize: bool = 
   if impl != "xla":
     from sonic_jax import triton as triton_routing
     impl = triton_routing.resolve_route_impl(impl)
-  top_p, top_e, *mean_p = _router_top_k(x, router_w, int(top_k), logit_bias, impl,
-                                        bool(interpret), bool(return_mean_probs))
-  plan = plan_from_top_k(top_p, top_e, num_experts, renormalize, impl, interpret)
+  scores, top_e, *mean_p = _router_top_k(x, router_w, int(top_k), logit_bias, impl,
+                                         bool(interpret), bool(return_mean_probs),
+                                         bool(renormalize))
+  plan = plan_from_top_k(scores, top_e, num_experts, False, impl, interpret)
   return (plan, mean_p[0]) if return_mean_probs else plan
 
 
@@ -385,23 +388,38 @@ def _top_k_grad_from_probs(p_full, top_p, top_e, g_p):
   """``softmax_top_k_grad`` given p_full = softmax(logits) (T, E) fp32."""
   gp = g_p.astype(jnp.float32) * top_p
   dl = -p_full * jnp.sum(gp, axis=-1, keepdims=True)
-  hit = top_e[:, None, :] == jnp.arange(p_full.shape[1], dtype=top_e.dtype)[None, :, None]
-  return dl + jnp.sum(jnp.where(hit, gp[:, None, :], 0.0), axis=-1)
+  return dl + _scatter_top_k(gp, top_e, p_full.shape[1])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 4, 5, 6))
-def _router_top_k(x, router_w, top_k, logit_bias, impl, interpret, with_mean):
-  return _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean)[0]
+def _renormalized(top_p: jax.Array) -> jax.Array:
+  """Top-K probabilities (T, K) divided by their sum: softmax over the K selected logits."""
+  return top_p / jnp.sum(top_p, axis=-1, keepdims=True)
 
 
-def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean):
+def _scatter_top_k(vals: jax.Array, top_e: jax.Array, num_experts: int) -> jax.Array:
+  """(T, K) values at experts top_e (T, K, distinct per row) -> (T, E), zero elsewhere.
+
+  A compare against each row's K experts (at most one term nonzero, so the scatter-add's bits),
+  which XLA fuses with its producer and consumer instead of a separate scatter.
+  """
+  hit = top_e[:, None, :] == jnp.arange(num_experts, dtype=top_e.dtype)[None, :, None]
+  return jnp.sum(jnp.where(hit, vals[:, None, :], 0.0), axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 4, 5, 6, 7))
+def _router_top_k(x, router_w, top_k, logit_bias, impl, interpret, with_mean, renormalize):
+  return _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean,
+                           renormalize)[0]
+
+
+def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean, renormalize):
   logits = biased_router_logits(x, router_w, logit_bias)
   if impl == "xla":
     top_p, top_e = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
   else:
     from sonic_jax.triton.topk import topk_softmax
     top_p, top_e = topk_softmax(logits, top_k, impl=impl, interpret=interpret)
-  out = (top_p, top_e)
+  out = (_renormalized(top_p) if renormalize else top_p, top_e)
   if with_mean:
     out += (jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0),)
   # The residuals are the inputs (alive anyway: x for the expert block's backward, the weights
@@ -409,33 +427,77 @@ def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean
   return out, (x, router_w, logit_bias, top_p, top_e)
 
 
-def _router_top_k_bwd(top_k, impl, interpret, with_mean, res, g):
+def _router_top_k_bwd(top_k, impl, interpret, with_mean, renormalize, res, g):
   del top_k, impl, interpret
   x, router_w, logit_bias, top_p, top_e = res
   g_m = g[2] if with_mean else None
-  # The barrier keeps XLA from merging this GEMM with the forward's (CSE would keep the
-  # forward's logits alive until here) and, through the cotangent, from hoisting it before the
-  # expert block's backward has produced the scores' gradient.
-  x, router_w, logit_bias, g_p, g_m = jax.lax.optimization_barrier(
-      (x, router_w, logit_bias, g[0], g_m))
-  logits = router_logits(x, router_w)
-  if logit_bias is not None:
-    logits, pull_bias = jax.vjp(lambda b: logits + b.astype(jnp.float32), logit_bias)
-  p_full = jax.nn.softmax(logits, axis=-1)
-  dl = _top_k_grad_from_probs(p_full, top_p, top_e, g_p)
-  if with_mean:  # d mean_t p_t / d l_t = p_t (g - <p_t, g>) / T
+  # The barrier keeps XLA from merging a recomputed router GEMM with the forward's (CSE would
+  # keep the forward's logits alive until here) and, through the cotangent, from hoisting the
+  # router's backward before the expert block's backward has produced the scores' gradient.
+  x, router_w, logit_bias, top_p, g_s, g_m = jax.lax.optimization_barrier(
+      (x, router_w, logit_bias, top_p, g[0], g_m))
+  dl = router_logit_grad(x, router_w, logit_bias, top_p, top_e, g_s, g_m,
+                         renormalize=renormalize)
+  return (router_dx(x, router_w, dl), router_dw(x, router_w, dl),
+          router_bias_grad(logit_bias, dl))
+
+
+def router_logit_grad(x: jax.Array, router_w: jax.Array, logit_bias: jax.Array | None,
+                      top_p: jax.Array, top_e: jax.Array, g_s: jax.Array,
+                      g_m: jax.Array | None = None, *, renormalize: bool) -> jax.Array:
+  """Cotangent of the (biased) router logits, (T, E) fp32, without saved logits.
+
+  top_p, top_e (T, K): the forward's top-K probabilities (raw) and experts; g_s (T, K): the
+  cotangent of the scores (top_p renormalized when ``renormalize``, else top_p); g_m (E,) or
+  None: that of the mean probabilities.
+  """
+  g_s = g_s.astype(jnp.float32)
+  if renormalize and g_m is None:
+    # s = softmax over the K selected (biased) logits, so ds_k / dl_j = s_k (δ_kj - s_j) for
+    # selected j and 0 elsewhere: dl needs only the (T, K) scores, not the (T, E) softmax, so
+    # the router GEMM is not recomputed (with the softmax fusion about 50 µs of the 3.62 ms
+    # step at 7B-n256 in the H200 profile kernel-profile-h200-2026-12-04-s15f.log).
+    s = _renormalized(top_p)
+    return _scatter_top_k(s * (g_s - jnp.sum(s * g_s, axis=-1, keepdims=True)), top_e,
+                          router_w.shape[1])
+  if renormalize:  # the cotangent of the raw top-K probabilities
+    g_s = jax.vjp(_renormalized, top_p)[1](g_s)[0]
+  p_full = jax.nn.softmax(biased_router_logits(x, router_w, logit_bias), axis=-1)
+  dl = _top_k_grad_from_probs(p_full, top_p, top_e, g_s)
+  if g_m is not None:  # d mean_t p_t / d l_t = p_t (g - <p_t, g>) / T
     g_m = g_m.astype(jnp.float32)[None, :]
-    dl = dl + p_full * (g_m - jnp.sum(p_full * g_m, axis=-1, keepdims=True)) / logits.shape[0]
-  # The GEMMs' transposes take dl in the operands' dtype (bf16 in training), fp32 accumulation:
-  # dx and d router_w are rounded to that dtype anyway, and autodiff's fp32 dl made both fp32
-  # GEMMs that ran at a third of the bandwidth bound on an H200 (37 µs each at T = 40960,
-  # d = 768). jax.vjp, not hand-written dots: inside shard_map it sums the replicated
-  # router_w's (and bias's) cotangent over the axes x varies along, as autodiff does.
+    dl = dl + p_full * (g_m - jnp.sum(p_full * g_m, axis=-1, keepdims=True)) / x.shape[0]
+  return dl
+
+
+# The router GEMM's transposes take dl in the operands' dtype (bf16 in training), fp32
+# accumulation: dx and d router_w are rounded to that dtype anyway, and autodiff's fp32 dl made
+# both fp32 GEMMs that ran at a third of the bandwidth bound on an H200 (37 µs each at
+# T = 40960, d = 768). jax.vjp, not hand-written dots: inside shard_map it sums a replicated
+# router_w's (and bias's) cotangent over the axes x varies along, as autodiff does.
+def _router_dot(x, router_w):
   cd = jnp.result_type(x, router_w)
-  _, pull = jax.vjp(
-      lambda x, w: jnp.dot(x.astype(cd), w.astype(cd), preferred_element_type=cd), x, router_w)
-  dx, drw = pull(dl.astype(cd))
-  return dx, drw, None if logit_bias is None else pull_bias(dl)[0]
+  return jnp.dot(x.astype(cd), router_w.astype(cd), preferred_element_type=cd)
+
+
+def router_dx(x: jax.Array, router_w: jax.Array, dl: jax.Array) -> jax.Array:
+  """dl (T, E) · router_wᵀ -> (T, d) in x.dtype: the router's share of x's gradient."""
+  _, pull = jax.vjp(lambda x: _router_dot(x, router_w), x)
+  return pull(dl.astype(jnp.result_type(x, router_w)))[0].astype(x.dtype)
+
+
+def router_dw(x: jax.Array, router_w: jax.Array, dl: jax.Array) -> jax.Array:
+  """xᵀ · dl -> (d, E) in router_w.dtype: router_w's gradient."""
+  _, pull = jax.vjp(lambda w: _router_dot(x, w), router_w)
+  return pull(dl.astype(jnp.result_type(x, router_w)))[0].astype(router_w.dtype)
+
+
+def router_bias_grad(logit_bias: jax.Array | None, dl: jax.Array) -> jax.Array | None:
+  """Σ_t dl (E,) in logit_bias' dtype (None without a bias), through jax.vjp as above."""
+  if logit_bias is None:
+    return None
+  _, pull = jax.vjp(lambda b: jnp.zeros_like(dl) + b.astype(jnp.float32), logit_bias)
+  return pull(dl)[0]
 
 
 _router_top_k.defvjp(_router_top_k_fwd, _router_top_k_bwd)
@@ -443,14 +505,18 @@ _router_top_k.defvjp(_router_top_k_fwd, _router_top_k_bwd)
 
 def router_top_k(x: jax.Array, router_w: jax.Array, top_k: int, *,
                  logit_bias: jax.Array | None = None, impl: str = "xla",
-                 interpret: bool = False, mean_probs: bool = False) -> tuple[jax.Array, ...]:
+                 interpret: bool = False, mean_probs: bool = False,
+                 renormalize: bool = False) -> tuple[jax.Array, ...]:
   """Router GEMM, softmax and top-K without keeping the logits for the backward.
 
   x (T, d), router_w (d, E), logit_bias (E,) or None -> (probs (T, K) fp32, experts (T, K)
   int32), best first: p = softmax(x · router_w + logit_bias) at the K largest; with
   ``mean_probs`` also mean_t p_t (E,) fp32 over all experts (for the load-balancing loss, see
-  ``load_balancing_loss_from_mean``). Differentiable in x, router_w and logit_bias; the backward
-  recomputes the (T, E) logits from its inputs, once for both outputs.
+  ``load_balancing_loss_from_mean``). With ``renormalize`` the probabilities come divided by
+  their sum over the K (the softmax over the selected logits). Differentiable in x, router_w and
+  logit_bias. The backward keeps no (T, E) tensor: it recomputes the logits from its inputs,
+  once for both outputs, except for renormalized scores without ``mean_probs``, whose gradient
+  needs only the (T, K) scores.
   impl: "xla" (``lax.top_k``), "jax_triton" or "pallas_triton" (``sonic_jax.triton.topk_softmax``).
   """
   validate_router_args(x, router_w)
@@ -459,7 +525,7 @@ def router_top_k(x: jax.Array, router_w: jax.Array, top_k: int, *,
   if impl not in ("xla", "jax_triton", "pallas_triton"):
     raise ValueError(f"impl must be 'xla', 'jax_triton' or 'pallas_triton', got {impl!r}")
   return _router_top_k(x, router_w, int(top_k), logit_bias, impl, bool(interpret),
-                       bool(mean_probs))
+                       bool(mean_probs), bool(renormalize))
 
 
 def validate_router_args(x, router_w) -> None:

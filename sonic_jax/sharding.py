@@ -61,7 +61,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sonic_jax.backends import validate_backend_name
-from sonic_jax.experts import moe_experts
+from sonic_jax.experts import moe_experts, moe_top_k
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.nn import LOGICAL_AXES, MoE
 from sonic_jax.routing import (RoutingPlan, TokenRounding, balance_loss, route,
@@ -297,17 +297,23 @@ def sharded_moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array,
       w2 = jax.lax.all_gather(w2, cfg.fsdp_axis, axis=2, tiled=True)
     if cfg.expert_axis is not None:
       router_w = jax.lax.all_gather(router_w, cfg.expert_axis, axis=1, tiled=True)
-    routed = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
-                   impl=routing_impl, return_mean_probs=return_aux_loss)
-    plan, mean_p = routed if return_aux_loss else (routed, None)
-    if cfg.expert_axis is None:
-      out = moe_experts(x, plan, w1, w2, backend=backend)
+    if cfg.expert_axis is None and routing == "topk":
+      # One custom_vjp for the router's and the experts' backward (as sonic_jax.moe).
+      out, plan, mean_p = moe_top_k(x, router_w, w1, w2, top_k=top_k, renormalize=renormalize,
+                                    return_mean_probs=return_aux_loss, backend=backend,
+                                    routing_impl=routing_impl)
     else:
-      ep = (functools.partial(_expert_parallel_ragged,
-                              native=_native_ragged_all_to_all(cfg.mesh))
-            if cfg.exchange == "ragged" else _expert_parallel)
-      out = ep(x, plan, w1, w2, axis=cfg.expert_axis, num_shards=cfg.num_expert_shards,
-               capacity=capacity, backend=backend)
+      routed = route(x, router_w, top_k=top_k, renormalize=renormalize, routing=routing,
+                     impl=routing_impl, return_mean_probs=return_aux_loss)
+      plan, mean_p = routed if return_aux_loss else (routed, None)
+      if cfg.expert_axis is None:
+        out = moe_experts(x, plan, w1, w2, backend=backend)
+      else:
+        ep = (functools.partial(_expert_parallel_ragged,
+                                native=_native_ragged_all_to_all(cfg.mesh))
+              if cfg.exchange == "ragged" else _expert_parallel)
+        out = ep(x, plan, w1, w2, axis=cfg.expert_axis, num_shards=cfg.num_expert_shards,
+                 capacity=capacity, backend=backend)
     if not return_aux_loss:
       return out
     return out, balance_loss(jax.lax.pmean(mean_p, cfg.token_axes),

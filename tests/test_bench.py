@@ -645,3 +645,26 @@ def test_dx_add_runs_and_names_the_producer(capsys):
   assert len(rows) == 1
   assert float(rows[0][1]) > 0 and rows[0][3].isdigit()
   assert not any(word.startswith("unknown") for word in rows[0][4:])
+
+
+@pytest.mark.parametrize("path", ["", "@two-step", "@recomputed-router", "@saved-logits"])
+def test_bench_layer_for_route_paths_give_moe_gradients(path):
+  """The diagnostic benchmarks' route paths (sonic_jax.bench.variants.layer_for) compute the
+  layer's values and gradients; an unknown path is refused."""
+  import sonic_jax
+  from sonic_jax.bench.variants import layer_for
+  from tests.helpers import Problem, make_inputs, rel_err
+
+  p = Problem(T=32, d=16, n=8, E=4, K=2)
+  args = make_inputs(p)
+  ct = jax.random.normal(jax.random.key(2), (p.T, p.d))
+  layer = layer_for("xla" + path, p.d, p.n, p.K)
+
+  def grads(fn):
+    return jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=(0, 1, 2, 3))(*args)
+
+  want = grads(lambda *a: sonic_jax.moe(*a, top_k=p.K, backend="xla"))
+  for g, r in zip(grads(layer), want):
+    assert rel_err(g, r) <= 1e-5
+  with pytest.raises(SystemExit, match="route paths"):
+    layer_for("xla@cached", p.d, p.n, p.K)

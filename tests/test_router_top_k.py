@@ -8,6 +8,8 @@ that no (T, E) tensor is among the backward's residuals.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,7 +68,11 @@ def test_route_plan_is_route_logits_plan(impl, interpret, t, d, e, k, bias, reno
 
 @pytest.mark.parametrize("impl,interpret", _IMPLS)
 @pytest.mark.parametrize("t,d,e,k,bias", _CASES)
-def test_route_gradients_match_autodiff_of_route_logits(impl, interpret, t, d, e, k, bias):
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_gradients_match_autodiff_of_route_logits(impl, interpret, t, d, e, k, bias,
+                                                        renormalize):
+  """Renormalized scores differentiate from the (T, K) scores alone, raw probabilities
+  through the recomputed softmax: both equal autodiff of route_logits."""
   x, rw, b = _inputs(t, d, e, bias)
   b = jnp.linspace(-0.5, 0.5, e) if b is None else b
   w = jax.random.normal(jax.random.key(5), (t * k,), jnp.float32)
@@ -74,9 +80,9 @@ def test_route_gradients_match_autodiff_of_route_logits(impl, interpret, t, d, e
   def loss(fn):
     return lambda x, rw, b: jnp.sum(fn(x, rw, b).scores * w)
 
-  got = jax.grad(loss(lambda x, rw, b: _route(x, rw, b, k, True, impl, interpret)),
+  got = jax.grad(loss(lambda x, rw, b: _route(x, rw, b, k, renormalize, impl, interpret)),
                  argnums=(0, 1, 2))(x, rw, b)
-  want = jax.grad(loss(lambda x, rw, b: _reference_plan(x, rw, b, k, True)),
+  want = jax.grad(loss(lambda x, rw, b: _reference_plan(x, rw, b, k, renormalize)),
                   argnums=(0, 1, 2))(x, rw, b)
   for name, g, r in zip(("dx", "drouter_w", "dlogit_bias"), got, want):
     assert g.shape == r.shape and g.dtype == r.dtype, name
@@ -195,6 +201,60 @@ def test_route_mean_probs_and_load_balancing_gradients(impl, interpret, routing_
                                                  routing=rounding)))(rw)
   assert float(jnp.linalg.norm(aux_want)) > 1e-4
   assert rel_err(aux_only, aux_want) <= 1e-5
+
+
+def _dot_count(fn, *args) -> int:
+  """GEMMs in the compiled program (the jaxpr also holds jax.vjp's unused primal dots)."""
+  return len(re.findall(r"= \S+ dot\(", jax.jit(fn).lower(*args).compile().as_text()))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_renormalized_backward_does_not_recompute_the_router_gemm(bias):
+  """Renormalized top-K scores: forward GEMM + the backward's dx and d router_w GEMMs (3);
+  raw probabilities and the mean probabilities recompute the logits (a fourth)."""
+  t, d, e, k = 48, 16, 12, 2
+  x, rw, _ = _inputs(t, d, e, "none", jnp.bfloat16)
+  b = jnp.linspace(-0.5, 0.5, e) if bias else None
+
+  def grad_of(renormalize, mean):
+    def loss(x, rw):
+      out = routing.route(x, rw, top_k=k, renormalize=renormalize, logit_bias=b,
+                          return_mean_probs=mean)
+      plan, extra = out if mean else (out, 0.0)
+      return jnp.sum(plan.scores) + jnp.sum(extra)
+    return jax.grad(loss, argnums=(0, 1))
+
+  assert _dot_count(grad_of(True, False), x, rw) == 3
+  assert _dot_count(grad_of(False, False), x, rw) == 4
+  assert _dot_count(grad_of(True, True), x, rw) == 4
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_gradients_inside_shard_map(renormalize):
+  """Tokens sharded, router_w and the bias replicated: their cotangents are summed over the
+  shards (jax.vjp in the backward), equal to the unsharded gradients."""
+  t, d, e, k = 64, 16, 8, 2
+  x, rw, _ = _inputs(t, d, e, "none")
+  b = jnp.linspace(-0.5, 0.5, e)
+  w = jax.random.normal(jax.random.key(9), (t, k), jnp.float32)
+  mesh = jax.make_mesh((len(jax.devices()),), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  spec = jax.sharding.PartitionSpec
+
+  def scores(x, rw, b):
+    return routing.route(x, rw, top_k=k, renormalize=renormalize, logit_bias=b).scores
+
+  def sharded_loss(x, rw, b):
+    f = jax.shard_map(lambda x, rw, b: scores(x, rw, b).reshape(-1, k), mesh=mesh,
+                      in_specs=(spec("data"), spec(), spec()), out_specs=spec("data"))
+    return jnp.sum(f(x, rw, b) * w)
+
+  got = jax.jit(jax.grad(sharded_loss, argnums=(0, 1, 2)))(x, rw, b)
+  want = jax.grad(lambda x, rw, b: jnp.sum(scores(x, rw, b).reshape(-1, k) * w),
+                  argnums=(0, 1, 2))(x, rw, b)
+  for name, g, r in zip(("dx", "drouter_w", "dlogit_bias"), got, want):
+    assert float(jnp.linalg.norm(r)) > 1e-3, name
+    assert rel_err(g, r) <= 1e-5, (name, rel_err(g, r))
 
 
 def test_route_with_mean_probs_keeps_no_logits_for_the_backward():

@@ -165,3 +165,44 @@ def _mixed_kernels(spec: str, d: int | None, n: int | None):
     return MixedKernels(_as_kernels(base_spec, d, n), **overrides)
   except ValueError as e:
     raise SystemExit(f"variant {spec!r}: {e}") from None
+
+
+ROUTE_PATHS = ("saved-logits", "two-step", "recomputed-router")
+
+
+def layer_for(spec: str, d: int, n: int, top_k: int):
+  """'<backend spec>[@<route path>]' -> layer(x, router_w, w1, w2) -> (T, d).
+
+  Without a route path: ``sonic_jax.moe`` (top-K routing and the experts as one custom_vjp).
+  The route paths are what ``moe`` ran before: ``saved-logits`` (``route_logits`` on the router's
+  logits, which autodiff keeps for the backward), ``two-step`` (``route`` then ``moe_experts``:
+  XLA adds the router's x-gradient after the experts' dx combine) and ``recomputed-router``
+  (that, the scores renormalized outside ``router_top_k`` so that its backward recomputes the
+  router GEMM and the (T, E) softmax, as before session 26).
+  """
+  import jax.numpy as jnp
+
+  import sonic_jax
+  from sonic_jax import routing
+  from sonic_jax.triton import resolve_route_impl
+
+  kern_spec, _, path = spec.partition("@")
+  if path and path not in ROUTE_PATHS:
+    raise SystemExit(f"variant {spec!r}: route paths are {ROUTE_PATHS}")
+  kern = kernels_for(kern_spec, d, n)
+  if not path:
+    return lambda x, rw, w1, w2: sonic_jax.moe(x, rw, w1, w2, top_k=top_k, backend=kern)
+
+  def layer(x, rw, w1, w2):
+    impl = resolve_route_impl("auto")
+    if path == "saved-logits":
+      plan = routing.route_logits(routing.router_logits(x, rw), top_k=top_k, impl=impl)
+    elif path == "recomputed-router":
+      top_p, top_e = routing.router_top_k(x, rw, top_k, impl=impl)
+      plan = routing.plan_from_top_k(top_p / jnp.sum(top_p, axis=-1, keepdims=True), top_e,
+                                     rw.shape[1], False, impl)
+    else:
+      plan = routing.route(x, rw, top_k=top_k, impl=impl)
+    return sonic_jax.moe_experts(x, plan, w1, w2, backend=kern)
+
+  return layer

@@ -226,6 +226,11 @@ class PallasKernels(ExpertKernels):
     return combine(y, plan, scores, out_dtype, config=self._combine_config(y.shape[1]),
                    interpret=self.interpret)
 
+  def combine_add(self, y, plan, addend, out_dtype):
+    from sonic_jax.pallas.combine import combine
+    return combine(y, plan, None, out_dtype, config=self._combine_config(y.shape[1]),
+                   interpret=self.interpret, addend=addend)
+
   def dx_pairs(self, dh, w1, plan):
     from sonic_jax.pallas.grouped_gemm import grouped_gemm
     config = self._dx_config(dh.shape[1], w1.shape[1])

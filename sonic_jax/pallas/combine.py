@@ -33,28 +33,46 @@ def validate_combine(d: int, config: CombineConfig) -> None:
 
 
 def combine(y: jax.Array, plan: RoutingPlan, scores: jax.Array | None, out_dtype, *,
-            config: CombineConfig | None = None, interpret=False) -> jax.Array:
+            config: CombineConfig | None = None, interpret=False,
+            addend: jax.Array | None = None) -> jax.Array:
   """y (P, d) grouped rows -> (T, d) in out_dtype; scores (P,) fp32 in flat order or None.
 
   ``config.impl == "xla"`` (the default) is XLA's gather + fp32 sum, which measured ~4x faster
   than the kernel on H200. The kernel needs a top-K plan (every token has exactly K pairs,
   j = t·K + k); plans with a variable pair count per token (token rounding) are summed by XLA's
-  segment_sum instead.
+  segment_sum instead. addend: None or (T, d), added to the fp32 sum (in XLA's fusion; after
+  the kernel's output for the kernel).
   """
   num_tokens, d = plan.num_tokens, y.shape[1]
   config = config or combine_config(d)
-  if config.impl == "xla" and plan.top_k is not None:
+  if config.impl == "xla" or plan.top_k is None:
+    total = _xla_sum(y, plan, scores)
+    if addend is not None:
+      total = total + addend.astype(_F32)
+    return total.astype(out_dtype)
+  out = _kernel_combine(y, plan, scores, out_dtype, config, interpret)
+  return out if addend is None else (out + addend.astype(out_dtype)).astype(out_dtype)
+
+
+def _xla_sum(y, plan: RoutingPlan, scores) -> jax.Array:
+  """XLA's gather + fp32 sum per token, (T, d) fp32."""
+  num_tokens, d = plan.num_tokens, y.shape[1]
+  if plan.top_k is not None:
     rows = y[plan.reverse_idx].astype(_F32).reshape(num_tokens, plan.top_k, d)
     if scores is not None:
       rows = rows * scores.astype(_F32).reshape(num_tokens, plan.top_k, 1)
-    return jnp.sum(rows, axis=1).astype(out_dtype)
-  if plan.top_k is None:
-    rows = y[plan.reverse_idx].astype(_F32)
-    if scores is not None:
-      rows = rows * scores[:, None]
-    rows = jnp.where(plan.valid_mask()[:, None], rows, 0.0)
-    return jax.ops.segment_sum(rows, plan.token_ids, num_segments=num_tokens,
-                               indices_are_sorted=True).astype(out_dtype)
+    return jnp.sum(rows, axis=1)
+  rows = y[plan.reverse_idx].astype(_F32)
+  if scores is not None:
+    rows = rows * scores[:, None]
+  rows = jnp.where(plan.valid_mask()[:, None], rows, 0.0)
+  return jax.ops.segment_sum(rows, plan.token_ids, num_segments=num_tokens,
+                             indices_are_sorted=True)
+
+
+def _kernel_combine(y, plan: RoutingPlan, scores, out_dtype, config: CombineConfig,
+                    interpret) -> jax.Array:
+  num_tokens, d = plan.num_tokens, y.shape[1]
   validate_combine(d, config)
   k_top, bt, bd = plan.top_k, config.block_t, config.block_d
   t_pad = max(num_tokens, bt)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 26 device call (an H100 or an H200; carry the built library): top-K routing and the
+# expert block as one custom_vjp (experts.moe_top_k), the router's x-gradient the addend of the
+# experts' dx combine, renormalized scores differentiated without the recomputed router GEMM.
+# PART=tests: GPU tests of the router, the Pallas layer gradients and the ffi layer (moe() now
+#   runs moe_top_k).
+# PART=profile: per-kernel step profile at the two configs 0.988-0.993x the paper (7B-n256,
+#   1.4B-n512): moe() against its previous paths (@two-step: route + moe_experts, XLA's add of
+#   the router's dx; @recomputed-router: that with the router GEMM and softmax recomputed, the
+#   path before this session), pallas and ffi.
+# PART=mem: compile-only memory report of the same variants at the configs whose peak is closest
+#   to the original SonicMoE's (Qwen3-30B-A3B 0.998x) and 7B-n256: the (T, d) addend is live at
+#   the dx combine.
+#   run(command="PART=tests,profile,mem bash scripts/device_s26.sh",
+#       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s26_out}
+begin_call
+PART=${PART:-tests,profile,mem}
+VARIANTS=${VARIANTS:-pallas,pallas@two-step,pallas@recomputed-router,ffi,ffi@recomputed-router}
+for part in ${PART//,/ }; do
+case $part in
+tests)
+  gpu_tests "${TEST_S:-200}" tests/test_router_top_k.py tests/test_pallas_backward.py \
+    tests/test_ffi.py -k "route or layer_gradients or layer_forward_backward"
+  ;;
+profile)
+  PROF_TAG=s26 kernel_profile "${PROF_S:-330}" "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n512}" \
+    "$VARIANTS" 0.015
+  ;;
+mem)
+  memory_report "${MEM_S:-150}" 10 "${MEM_CONFIGS:-Qwen3-30B-A3B,paper-7B-n256}" "$VARIANTS"
+  ;;
+*) echo "unknown PART $part" ;;
+esac
+done
+echo "== [$(since) s] done"
