@@ -14,7 +14,10 @@ XLA_FLAGS=--xla_gpu_enable_cublaslt=true for cuBLASLt. Session 25 (H100, 7B-n256
 1.4B-n512, both backends, with and without cuBLASLt, and with dx taken from the dw1_last
 ordering barrier so that each value has one user): always a separate ``wrapped_add`` loop
 fusion, so XLA does not fold it here; removing it takes the router's dx GEMM inside the
-expert block's backward (benchmarks/results/s25-h100-2026-12-06.md).
+expert block's backward (benchmarks/results/s25-h100-2026-12-06.md). Since session 26
+``sonic_jax.moe`` does that (``experts.moe_top_k``: the router's dx is the addend of the dx
+combine), so the producer should now be the combine (an XLA reduce fusion for pallas, the
+``sonic_jax_combine_add`` custom call for ffi) with no standalone add.
 """
 
 from __future__ import annotations

@@ -177,14 +177,16 @@ __global__ void dswiglu_warp_kernel(const float4* da, const uint2* h, const floa
   }
 }
 
-// One block per token (grid-stride), threads over 16-byte column chunks, fp32 accumulation.
+// One block per token (grid-stride), threads over 16-byte column chunks, fp32 accumulation
+// (starting from the addend's row when there is one).
 __global__ void combine_kernel(const uint4* y, const int32_t* token_offsets,
-                               const int32_t* reverse_idx, const float* scores, int num_tokens,
-                               int chunks, uint4* out) {
+                               const int32_t* reverse_idx, const float* scores,
+                               const uint4* addend, int num_tokens, int chunks, uint4* out) {
   for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int begin = token_offsets[t], end = token_offsets[t + 1];
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (addend != nullptr) unpack8(addend[int64_t(t) * chunks + c], acc);
       for (int j = begin; j < end; ++j) {
         const float w = scores != nullptr ? scores[j] : 1.0f;
         float v[8];
@@ -260,13 +262,13 @@ cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
 }
 
 cudaError_t combine(const uint16_t* y, const int32_t* token_offsets, const int32_t* reverse_idx,
-                    const float* scores, int num_tokens, int cols, uint16_t* out,
-                    cudaStream_t stream) {
+                    const float* scores, const uint16_t* addend, int num_tokens, int cols,
+                    uint16_t* out, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const int chunks = cols / 8;
   ew::combine_kernel<<<ew::grid_for(num_tokens, 1), ew::block_for(chunks), 0, stream>>>(
-      reinterpret_cast<const uint4*>(y), token_offsets, reverse_idx, scores, num_tokens, chunks,
-      reinterpret_cast<uint4*>(out));
+      reinterpret_cast<const uint4*>(y), token_offsets, reverse_idx, scores,
+      reinterpret_cast<const uint4*>(addend), num_tokens, chunks, reinterpret_cast<uint4*>(out));
   return cudaGetLastError();
 }
 

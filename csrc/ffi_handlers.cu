@@ -440,7 +440,7 @@ ffi::Error CombineWeightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
   if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
   return cuda_error("combine",
                     combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
-                            s.typed_data(), static_cast<int>(out->dimensions()[0]),
+                            s.typed_data(), nullptr, static_cast<int>(out->dimensions()[0]),
                             static_cast<int>(cols), out->typed_data(), stream));
 }
 
@@ -453,13 +453,33 @@ ffi::Error CombineUnweightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> 
   if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
   return cuda_error("combine",
                     combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
-                            nullptr, static_cast<int>(out->dimensions()[0]),
+                            nullptr, nullptr, static_cast<int>(out->dimensions()[0]),
+                            static_cast<int>(cols), out->typed_data(), stream));
+}
+
+// The unweighted combine plus addend (T, d) bf16 in its fp32 sum (dx with the router's share).
+ffi::Error CombineAddImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
+                          ffi::Buffer<ffi::S32, 1> token_offsets,
+                          ffi::Buffer<ffi::S32, 1> reverse_idx, ffi::Buffer<ffi::BF16, 2> addend,
+                          ffi::ResultBuffer<ffi::BF16, 2> out) {
+  note_call(stream);
+  const int64_t cols = y.dimensions()[1];
+  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
+  if (auto e = check(addend.dimensions()[0] == out->dimensions()[0] &&
+                         addend.dimensions()[1] == cols,
+                     "combine_add: addend must have shape (T, d)");
+      e.failure())
+    return e;
+  return cuda_error("combine_add",
+                    combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
+                            nullptr, addend.typed_data(), static_cast<int>(out->dimensions()[0]),
                             static_cast<int>(cols), out->typed_data(), stream));
 }
 
 }  // namespace handlers
 }  // namespace sonic
 
+using sonic::handlers::CombineAddImpl;
 using sonic::handlers::CombineUnweightedImpl;
 using sonic::handlers::CombineWeightedImpl;
 using sonic::handlers::DhDSwigluImpl;
@@ -631,10 +651,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineUnweighted, CombineUnweightedImpl,
                                   .Ret<Bf16Matrix>(),
                               SONIC_CMD_BUFFER);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineAdd, CombineAddImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<Stream>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Arg<Bf16Matrix>()
+                                  .Ret<Bf16Matrix>(),
+                              SONIC_CMD_BUFFER);
+
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 10; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 11; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown

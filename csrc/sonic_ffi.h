@@ -159,10 +159,11 @@ cudaError_t dswiglu(const float* da, const uint16_t* h, const float* s,
                     uint16_t* dh, uint16_t* a_prime, float* ds, bool warp_per_row,
                     cudaStream_t stream);
 
-// out[t] = Σ_{j in [token_offsets[t], token_offsets[t+1])} s_j · y[reverse_idx[j]] (fp32 acc),
-// scores == nullptr for an unweighted sum. cols % 8 == 0.
+// out[t] = addend[t] + Σ_{j in [token_offsets[t], token_offsets[t+1])} s_j · y[reverse_idx[j]]
+// (fp32 acc), scores == nullptr for an unweighted sum, addend == nullptr for none (else
+// (num_tokens, cols) bf16). cols % 8 == 0.
 cudaError_t combine(const uint16_t* y, const int32_t* token_offsets, const int32_t* reverse_idx,
-                    const float* scores, int num_tokens, int cols, uint16_t* out,
-                    cudaStream_t stream);
+                    const float* scores, const uint16_t* addend, int num_tokens, int cols,
+                    uint16_t* out, cudaStream_t stream);
 
 }  // namespace sonic

@@ -11,6 +11,7 @@
 # PART=mem: compile-only memory report of the same variants at the configs whose peak is closest
 #   to the original SonicMoE's (Qwen3-30B-A3B 0.998x) and 7B-n256: the (T, d) addend is live at
 #   the dx combine.
+# PART=bench (an H200 only): the layer benchmark of pallas and ffi at BENCH_CONFIGS.
 #   run(command="PART=tests,profile,mem bash scripts/device_s26.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
@@ -21,9 +22,19 @@ PART=${PART:-tests,profile,mem}
 VARIANTS=${VARIANTS:-pallas,pallas@two-step,pallas@recomputed-router,ffi,ffi@recomputed-router}
 for part in ${PART//,/ }; do
 case $part in
-tests)
-  gpu_tests "${TEST_S:-200}" tests/test_router_top_k.py tests/test_pallas_backward.py \
-    tests/test_ffi.py -k "route or layer_gradients or layer_forward_backward"
+tests)  # (the first call's wider selection did not finish in 170 s)
+  gpu_tests "${TEST_S:-230}" tests/test_router_top_k.py tests/test_pallas_backward.py \
+    tests/test_ffi.py -k "test_gpu_route or test_gpu_layer_gradients_match_float32 or \
+(test_layer_forward_backward_matches_xla and topk) or combine_add"
+  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
+  ;;
+bench)  # an H200 only (the README table's rows are H200 rows)
+  if grep -q H200 "$OUT/gpu.txt"; then
+    BACKENDS=pallas,ffi layer_bench "${TOTAL_S:-560}" "${BENCH_TAG:-s26}" \
+      ${BENCH_CONFIGS:-paper-7B-n256 paper-1.4B-n512}
+  else
+    echo "not an H200: skipped"
+  fi
   ;;
 profile)
   PROF_TAG=s26 kernel_profile "${PROF_S:-330}" "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n512}" \

@@ -2,7 +2,7 @@
 
 from sonic_jax.backends import (AUTO_ORDER, BACKENDS, BackendUnavailableError, auto_order,
                                 available_backends, resolve_backend, select_backend)
-from sonic_jax.experts import moe_experts
+from sonic_jax.experts import moe_experts, moe_top_k
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.moe import moe
 from sonic_jax.routing import (RoutingPlan, TokenRounding, load_balancing_loss,
@@ -16,7 +16,7 @@ __all__ = [
     "AUTO_ORDER", "BACKENDS", "BackendUnavailableError", "ExpertKernels", "RoutingPlan",
     "TokenRounding", "auto_order", "available_backends", "fuse_gate_up", "load_balancing_loss",
     "load_balancing_loss_from_mean", "moe",
-    "moe_experts", "resolve_backend", "route", "route_logits", "router_logits", "select_backend",
+    "moe_experts", "moe_top_k", "resolve_backend", "route", "route_logits", "router_logits", "select_backend",
     "split_gate_up",
     "wasted_ratio",
 ]

@@ -47,7 +47,7 @@ def _grouped_outer(lhs: jax.Array, rhs: jax.Array, plan: RoutingPlan) -> jax.Arr
                                     preferred_element_type=_F32)
 
 
-def _combine_f32(y, plan, scores):
+def combine_sum_f32(y, plan, scores):
   """Σ_{j in token t} s_j · Y[reverse_idx[j]] (T, d) in fp32 (unweighted when scores is None)."""
   rows = y[plan.reverse_idx].astype(_F32)  # flat order
   if scores is not None:
@@ -89,11 +89,11 @@ class XlaKernels(ExpertKernels):
     return _grouped_matmul(a, w2, plan).astype(a.dtype)
 
   def combine(self, y, plan, scores, out_dtype):
-    return _combine_f32(y, plan, scores).astype(out_dtype)
+    return combine_sum_f32(y, plan, scores).astype(out_dtype)
 
   def combine_add(self, y, plan, addend, out_dtype):
     # In the sum's fusion: one pass over dx instead of an add kernel's three.
-    return (_combine_f32(y, plan, None) + addend.astype(_F32)).astype(out_dtype)
+    return (combine_sum_f32(y, plan, None) + addend.astype(_F32)).astype(out_dtype)
 
   def dh(self, dout, w2, h, scores_grouped, plan):
     da = _grouped_matmul(dout[plan.gather_idx], jnp.swapaxes(w2, 1, 2), plan)

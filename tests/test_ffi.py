@@ -666,6 +666,24 @@ def test_forward_entry_points_match_xla(routing, data):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("routing", ROUTINGS)
+def test_combine_add_matches_xla(routing, data):
+  """The dx combine with the router's x-gradient as the kernel's starting value (every routing:
+  empty experts, one expert, token rounding's padded plan; tokens without pairs get the
+  addend alone)."""
+  plan = _plans(T, E)[routing]
+  p = plan.capacity
+  ffi_k, ref = FfiKernels(), XlaKernels()
+  addend = jax.random.normal(jax.random.key(41), (T, D), jnp.bfloat16)
+  out = jax.jit(ffi_k.combine_add, static_argnums=3)(data["y"][:p], plan, addend, jnp.bfloat16)
+  want = ref.combine_add(data["y"][:p], plan, addend, jnp.float32)
+  assert out.dtype == jnp.bfloat16 and _rel(out, want) < BF16_TOL
+  # fp32 output: the default (combine, then the add)
+  out32 = jax.jit(ffi_k.combine_add, static_argnums=3)(data["y"][:p], plan, addend, jnp.float32)
+  assert out32.dtype == jnp.float32 and _rel(out32, want) < BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ROUTINGS)
 def test_backward_entry_points_match_xla(routing, data):
   plan = _plans(T, E)[routing]
   p = plan.capacity

@@ -25,8 +25,9 @@ TARGETS = {
     "sonic_jax_dswiglu": "SonicDSwiglu",
     "sonic_jax_combine_weighted": "SonicCombineWeighted",
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
+    "sonic_jax_combine_add": "SonicCombineAdd",
 }
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 
 def _search_dirs() -> list[pathlib.Path]:

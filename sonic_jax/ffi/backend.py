@@ -228,6 +228,12 @@ class FfiKernels(ExpertKernels):
     out = ops.combine(y, plan.token_offsets, plan.reverse_idx, scores, plan.num_tokens)
     return out.astype(out_dtype)
 
+  def combine_add(self, y, plan, addend, out_dtype):
+    # The addend is the kernel's starting value: no add kernel after it (bf16 output only).
+    if jnp.dtype(out_dtype) != jnp.bfloat16:
+      return super().combine_add(y, plan, addend, out_dtype)
+    return ops.combine_add(y, plan.token_offsets, plan.reverse_idx, addend)
+
   def dh(self, dout, w2, h, scores_grouped, plan):
     if self._fuses("dh"):
       return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets,

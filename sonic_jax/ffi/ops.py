@@ -312,3 +312,12 @@ def combine(y: jax.Array, token_offsets: jax.Array, reverse_idx: jax.Array,
   if scores is None:
     return _call("sonic_jax_combine_unweighted", out, *args)
   return _call("sonic_jax_combine_weighted", out, *args, scores.astype(_F32))
+
+
+def combine_add(y: jax.Array, token_offsets: jax.Array, reverse_idx: jax.Array,
+                addend: jax.Array) -> jax.Array:
+  """out[t] = addend[t] + Σ_{j in token t} y[reverse_idx[j]] -> (T, c) bf16 (fp32 accumulation);
+  addend (T, c) bf16."""
+  out = jax.ShapeDtypeStruct(addend.shape, _BF16)
+  return _call("sonic_jax_combine_add", out, y, token_offsets.astype(jnp.int32),
+               reverse_idx.astype(jnp.int32), addend.astype(_BF16))

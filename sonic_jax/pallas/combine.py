@@ -22,6 +22,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from sonic_jax.pallas.configs import CombineConfig, combine_config
 from sonic_jax.pallas.grid import persistent_ctas
 from sonic_jax.routing import RoutingPlan
+from sonic_jax.xla_backend import combine_sum_f32
 
 _F32 = jnp.float32
 
@@ -46,28 +47,12 @@ def combine(y: jax.Array, plan: RoutingPlan, scores: jax.Array | None, out_dtype
   num_tokens, d = plan.num_tokens, y.shape[1]
   config = config or combine_config(d)
   if config.impl == "xla" or plan.top_k is None:
-    total = _xla_sum(y, plan, scores)
+    total = combine_sum_f32(y, plan, scores)
     if addend is not None:
       total = total + addend.astype(_F32)
     return total.astype(out_dtype)
   out = _kernel_combine(y, plan, scores, out_dtype, config, interpret)
   return out if addend is None else (out + addend.astype(out_dtype)).astype(out_dtype)
-
-
-def _xla_sum(y, plan: RoutingPlan, scores) -> jax.Array:
-  """XLA's gather + fp32 sum per token, (T, d) fp32."""
-  num_tokens, d = plan.num_tokens, y.shape[1]
-  if plan.top_k is not None:
-    rows = y[plan.reverse_idx].astype(_F32).reshape(num_tokens, plan.top_k, d)
-    if scores is not None:
-      rows = rows * scores.astype(_F32).reshape(num_tokens, plan.top_k, 1)
-    return jnp.sum(rows, axis=1)
-  rows = y[plan.reverse_idx].astype(_F32)
-  if scores is not None:
-    rows = rows * scores[:, None]
-  rows = jnp.where(plan.valid_mask()[:, None], rows, 0.0)
-  return jax.ops.segment_sum(rows, plan.token_ids, num_segments=num_tokens,
-                             indices_are_sorted=True)
 
 
 def _kernel_combine(y, plan: RoutingPlan, scores, out_dtype, config: CombineConfig,
