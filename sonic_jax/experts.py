@@ -6,7 +6,9 @@ combine (out_t = Σ_k s_tk · Y_tk). Saved for backward: x, H, the fp32 scores a
 
 Backward: dh (dA' = gathered dO · W2ᵀ; A recomputed from H; dS = ⟨dA', A⟩; dH = s·dSwiGLU(dA');
 A' = s·A), dw2, dx_pairs, dw1, combine for dx. The router-score gradient is dS, so Y is never
-needed; the router backward (dS -> dlogits) is plain JAX autodiff outside this block.
+needed. ``moe_experts`` returns dS as the scores' cotangent (the router's backward is then
+autodiff's, outside); ``moe_top_k`` (top-K routing, what ``sonic_jax.moe`` runs) owns the router's
+backward too: dS -> dlogits -> the router's x-gradient as the addend of the dx combine.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from sonic_jax import routing
 from sonic_jax.backends import select_backend
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax import routing
 from sonic_jax.routing import RoutingPlan
 
 
@@ -255,7 +257,7 @@ def moe_top_k(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *
   """
   routing.validate_router_args(x, router_w)
   num_experts = router_w.shape[1]
-  if w1.shape[0] != num_experts:
+  if getattr(w1, "ndim", None) == 3 and w1.shape[0] != num_experts:
     raise ValueError(f"router_w has {num_experts} experts but w1 has {w1.shape[0]} (w1.shape[0] "
                      f"must equal router_w.shape[1])")
   if routing_impl != "xla":
