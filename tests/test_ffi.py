@@ -672,7 +672,7 @@ def test_combine_add_matches_xla(routing, data):
   addend alone)."""
   plan = _plans(T, E)[routing]
   p = plan.capacity
-  ffi_k, ref = FfiKernels(), XlaKernels()
+  ffi_k, ref = FfiKernels(combine_add="kernel"), XlaKernels()
   addend = jax.random.normal(jax.random.key(41), (T, D), jnp.bfloat16)
   out = jax.jit(ffi_k.combine_add, static_argnums=3)(data["y"][:p], plan, addend, jnp.bfloat16)
   want = ref.combine_add(data["y"][:p], plan, addend, jnp.float32)
@@ -1292,3 +1292,12 @@ def test_dswiglu_warp_per_row_matches_block_per_row(routing, n):
   g, u = hh[:, :n], hh[:, n:]
   ds64 = np.sum(np.asarray(da, np.float64)[rows] * g / (1 + np.exp(-g)) * u, axis=1)
   assert _rel(warp[2], ds64) < F32_TOL
+
+
+def test_combine_add_option():
+  from sonic_jax.ffi.backend import COMBINE_ADD_DEFAULT
+  assert FfiKernels().combine_add_impl == COMBINE_ADD_DEFAULT
+  assert FfiKernels(combine_add="kernel") != FfiKernels(combine_add="xla")
+  assert "combine_add='kernel'" in repr(FfiKernels(combine_add="kernel"))
+  with pytest.raises(ValueError, match="combine_add"):
+    FfiKernels(combine_add="fused")

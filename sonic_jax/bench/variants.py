@@ -15,7 +15,8 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``fused-gather[=<up_proj|dh>]``, ``wgrad-gather[=<dw1|dw2>]`` (``FfiKernels(wgrad_gather=True)``,
 or for one entry point),
 ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
-``dswiglu=<block|warp>`` and ``gather_schedule=<tma_b|cp_async|noinc>``, e.g. ``ffi:dw1-last``
+``dswiglu=<block|warp>``, ``gather_schedule=<tma_b|cp_async|noinc>`` and
+``combine_add=<kernel|xla>``, e.g. ``ffi:dw1-last``
 or ``ffi:fused_epilogue=dh:gather_schedule=tma_b``.
 
 ``<spec>+<entry>[/<entry>...]=<spec>[+...]``: ``sonic_jax.mixed.MixedKernels``, the first spec's
@@ -57,7 +58,7 @@ def _base_configs(kern, d: int, n: int) -> dict:
 FFI_OPTIONS = ("dw1-last", "fused-gather[=<up_proj|dh>]", "wgrad-gather[=<dw1|dw2>]",
                "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
-               "gather_schedule=<tma_b|cp_async|noinc>")
+               "gather_schedule=<tma_b|cp_async|noinc>", "combine_add=<kernel|xla>")
 
 
 def _ffi_kernels(spec: str):
@@ -78,6 +79,8 @@ def _ffi_kernels(spec: str):
       kw["dswiglu"] = o.split("=", 1)[1]
     elif o.startswith("gather_schedule="):
       kw["gather_schedule"] = o.split("=", 1)[1]
+    elif o.startswith("combine_add="):
+      kw["combine_add"] = o.split("=", 1)[1]
     elif o:
       raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
                        f"{', '.join(FFI_OPTIONS)}")

@@ -79,6 +79,11 @@ GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
 GATHER_SCHEDULES = tuple(GATHER_SCHEDULE_CONFIGS)
 
 
+# Where the dx combine takes the router's x-gradient (combine_add): "kernel" (the CUDA combine
+# starting from it, built in session 26) or "xla" (an add kernel after the combine).
+COMBINE_ADD_DEFAULT = "xla"
+
+
 class FfiKernels(ExpertKernels):
   """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a).
 
@@ -115,6 +120,9 @@ class FfiKernels(ExpertKernels):
   copy alive from the forward to dW1: 4 GiB at T=32768, d=4096, K=16). Off by default: on the
   H200 it took the step from 10.54 to 6.54 GiB at that shape for 5.3 % more time (1.7 % at n =
   1024, K = 8; docs/ffi.md).
+  combine_add: how the dx combine takes the router's x-gradient (``moe_top_k``): "kernel" (the
+  CUDA combine's fp32 sum starts from it: no add kernel) or "xla" (the combine, then XLA's add);
+  the default is COMBINE_ADD_DEFAULT.
   """
 
   name = "ffi"
@@ -122,7 +130,7 @@ class FfiKernels(ExpertKernels):
   def __init__(self, fused_gather: bool | str = "auto", row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
                dswiglu: str = "warp", gather_schedule: str = "tma_b",
-               wgrad_gather: bool | str = "auto"):
+               wgrad_gather: bool | str = "auto", combine_add: str = COMBINE_ADD_DEFAULT):
     fused_epilogue = _which("fused_epilogue", fused_epilogue, FUSED_EPILOGUES)
     if gather_schedule not in GATHER_SCHEDULES:
       raise ValueError(f"gather_schedule must be one of {GATHER_SCHEDULES}, got "
@@ -135,6 +143,8 @@ class FfiKernels(ExpertKernels):
     wgrad_gather = _which("wgrad_gather", wgrad_gather, WGRAD_GATHERS)
     if row_gather not in ("gather", "scatter"):
       raise ValueError(f"row_gather must be 'gather' or 'scatter', got {row_gather!r}")
+    if combine_add not in ("kernel", "xla"):
+      raise ValueError(f"combine_add must be 'kernel' or 'xla', got {combine_add!r}")
     self.fused_gather = fused_gather
     self.row_gather = row_gather
     self.dw1_last = dw1_last
@@ -142,10 +152,11 @@ class FfiKernels(ExpertKernels):
     self.dswiglu = dswiglu
     self.gather_schedule = gather_schedule
     self.wgrad_gather = wgrad_gather
+    self.combine_add_impl = combine_add
 
   def _key(self):
     return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
-            self.dswiglu, self.gather_schedule, self.wgrad_gather)
+            self.dswiglu, self.gather_schedule, self.wgrad_gather, self.combine_add_impl)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -159,7 +170,7 @@ class FfiKernels(ExpertKernels):
     return (f"FfiKernels(fused_gather={self.fused_gather!r}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
             f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r}, "
-            f"wgrad_gather={self.wgrad_gather!r})")
+            f"wgrad_gather={self.wgrad_gather!r}, combine_add={self.combine_add_impl!r})")
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -229,8 +240,9 @@ class FfiKernels(ExpertKernels):
     return out.astype(out_dtype)
 
   def combine_add(self, y, plan, addend, out_dtype):
-    # The addend is the kernel's starting value: no add kernel after it (bf16 output only).
-    if jnp.dtype(out_dtype) != jnp.bfloat16:
+    # "kernel": the addend is the CUDA combine's starting value, no add kernel after it (bf16
+    # output only); "xla": the combine, then XLA's add.
+    if self.combine_add_impl == "xla" or jnp.dtype(out_dtype) != jnp.bfloat16:
       return super().combine_add(y, plan, addend, out_dtype)
     return ops.combine_add(y, plan.token_offsets, plan.reverse_idx, addend)
 
