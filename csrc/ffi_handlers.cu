@@ -430,31 +430,44 @@ ffi::Error DSwigluImpl(cudaStream_t stream, int32_t warp_per_row, ffi::Buffer<ff
                             ds->typed_data(), warp_per_row != 0, stream));
 }
 
+// The three combine handlers: out[t] = [addend[t] +] Σ_{j in token t} [s_j ·] y[reverse_idx[j]];
+// scores and addend may be null.
+ffi::Error run_combine(cudaStream_t stream, const char* name, ffi::Buffer<ffi::BF16, 2>& y,
+                       ffi::Buffer<ffi::S32, 1>& token_offsets,
+                       ffi::Buffer<ffi::S32, 1>& reverse_idx, const float* scores,
+                       const ffi::Buffer<ffi::BF16, 2>* addend,
+                       ffi::ResultBuffer<ffi::BF16, 2>& out) {
+  note_call(stream);
+  const int64_t cols = y.dimensions()[1];
+  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
+  if (addend != nullptr) {
+    if (auto e = check(addend->dimensions()[0] == out->dimensions()[0] &&
+                           addend->dimensions()[1] == cols,
+                       "combine_add: addend must have shape (T, d)");
+        e.failure())
+      return e;
+  }
+  return cuda_error(name, combine(y.typed_data(), token_offsets.typed_data(),
+                                  reverse_idx.typed_data(), scores,
+                                  addend != nullptr ? addend->typed_data() : nullptr,
+                                  static_cast<int>(out->dimensions()[0]), static_cast<int>(cols),
+                                  out->typed_data(), stream));
+}
+
 // y (P, d) bf16, token_offsets (T+1,), reverse_idx (P,), [scores (P,) f32] -> out (T, d) bf16.
 ffi::Error CombineWeightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
                                ffi::Buffer<ffi::S32, 1> token_offsets,
                                ffi::Buffer<ffi::S32, 1> reverse_idx, ffi::Buffer<ffi::F32, 1> s,
                                ffi::ResultBuffer<ffi::BF16, 2> out) {
-  note_call(stream);
-  const int64_t cols = y.dimensions()[1];
-  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
-  return cuda_error("combine",
-                    combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
-                            s.typed_data(), nullptr, static_cast<int>(out->dimensions()[0]),
-                            static_cast<int>(cols), out->typed_data(), stream));
+  return run_combine(stream, "combine", y, token_offsets, reverse_idx, s.typed_data(), nullptr,
+                     out);
 }
 
 ffi::Error CombineUnweightedImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
                                  ffi::Buffer<ffi::S32, 1> token_offsets,
                                  ffi::Buffer<ffi::S32, 1> reverse_idx,
                                  ffi::ResultBuffer<ffi::BF16, 2> out) {
-  note_call(stream);
-  const int64_t cols = y.dimensions()[1];
-  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
-  return cuda_error("combine",
-                    combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
-                            nullptr, nullptr, static_cast<int>(out->dimensions()[0]),
-                            static_cast<int>(cols), out->typed_data(), stream));
+  return run_combine(stream, "combine", y, token_offsets, reverse_idx, nullptr, nullptr, out);
 }
 
 // The unweighted combine plus addend (T, d) bf16 in its fp32 sum (dx with the router's share).
@@ -462,18 +475,8 @@ ffi::Error CombineAddImpl(cudaStream_t stream, ffi::Buffer<ffi::BF16, 2> y,
                           ffi::Buffer<ffi::S32, 1> token_offsets,
                           ffi::Buffer<ffi::S32, 1> reverse_idx, ffi::Buffer<ffi::BF16, 2> addend,
                           ffi::ResultBuffer<ffi::BF16, 2> out) {
-  note_call(stream);
-  const int64_t cols = y.dimensions()[1];
-  if (auto e = check(cols % 8 == 0, "combine: d must be a multiple of 8"); e.failure()) return e;
-  if (auto e = check(addend.dimensions()[0] == out->dimensions()[0] &&
-                         addend.dimensions()[1] == cols,
-                     "combine_add: addend must have shape (T, d)");
-      e.failure())
-    return e;
-  return cuda_error("combine_add",
-                    combine(y.typed_data(), token_offsets.typed_data(), reverse_idx.typed_data(),
-                            nullptr, addend.typed_data(), static_cast<int>(out->dimensions()[0]),
-                            static_cast<int>(cols), out->typed_data(), stream));
+  return run_combine(stream, "combine_add", y, token_offsets, reverse_idx, nullptr, &addend,
+                     out);
 }
 
 }  // namespace handlers

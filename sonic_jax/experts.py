@@ -139,7 +139,7 @@ def _routed_block(backend: ExpertKernels, renormalize: bool):
   kernels = _Sequential(backend)
 
   def scores_of(top_p):
-    return (top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p).reshape(-1)
+    return (routing.renormalize_top_k(top_p) if renormalize else top_p).reshape(-1)
 
   @jax.custom_vjp
   def block(x, router_w, logit_bias, w1, w2, top_p, mean_p, plan):
@@ -155,12 +155,12 @@ def _routed_block(backend: ExpertKernels, renormalize: bool):
     x, plan = res[0], res[5]
     top_e = plan.expert_ids.reshape(top_p.shape)
 
-    def logit_grad(ds_or_g_s, after):
+    def logit_grad(g_s, after=None):
       # The router's inputs pass a barrier with what the step must wait for: a recomputed
       # router GEMM (raw probabilities or mean_p's gradient) is then neither merged with the
       # forward's or the other recompute (CSE would keep (T, E) logits alive) nor hoisted.
       xb, rwb, bb, pb, g, _ = jax.lax.optimization_barrier(
-          (x, router_w, logit_bias, top_p, ds_or_g_s, after))
+          (x, router_w, logit_bias, top_p, g_s, after))
       return xb, rwb, routing.router_logit_grad(xb, rwb, bb, pb, top_e, g, g_m,
                                                 renormalize=renormalize)
 
@@ -169,7 +169,7 @@ def _routed_block(backend: ExpertKernels, renormalize: bool):
       # the (T, E) dl: the fp32 dl carried through the barriers sat at the step's peak
       # (+7 MiB at Qwen3-30B-A3B in the session-26 memory report).
       g_s = _flat_scores_grad(ds, plan).reshape(top_p.shape)
-      xb, rwb, dl = logit_grad(g_s, ds)
+      xb, rwb, dl = logit_grad(g_s)
       return routing.router_dx(xb, rwb, dl), g_s
 
     dx, _, dw1, dw2, g_s = _backward(backend, kernels, res, dout, router_dx)
@@ -268,8 +268,7 @@ def moe_top_k(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *
       sg(x), sg(router_w), top_k, logit_bias=None if logit_bias is None else sg(logit_bias),
       impl=routing_impl, interpret=interpret, mean_probs=return_mean_probs)
   mean_p = mean_p[0] if return_mean_probs else None
-  scores = top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p
-  plan = routing.plan_from_top_k(scores, top_e, num_experts, False, routing_impl, interpret)
+  plan = routing.plan_from_top_k(top_p, top_e, num_experts, renormalize, routing_impl, interpret)
   validate_expert_args(x, plan, w1, w2)
   kernels = select_backend(backend, x, plan, w1, w2)
   args = _match_varying_axes(x, router_w, logit_bias, w1, w2, top_p, mean_p,

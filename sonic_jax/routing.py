@@ -344,7 +344,7 @@ def plan_from_top_k(top_p, top_e, num_experts: int, renormalize: bool, impl: str
   metadata from XLA (impl "xla") or from ``sonic_jax.triton.plan_from_assignments`` (with its
   ``MetadataConfig`` ``config``)."""
   num_tokens, top_k = top_p.shape
-  scores = top_p / jnp.sum(top_p, axis=-1, keepdims=True) if renormalize else top_p
+  scores = renormalize_top_k(top_p) if renormalize else top_p
   token_ids = jnp.repeat(jnp.arange(num_tokens, dtype=jnp.int32), top_k)
   args = (token_ids, top_e.reshape(-1), scores.reshape(-1))
   if impl == "xla":
@@ -391,7 +391,7 @@ def _top_k_grad_from_probs(p_full, top_p, top_e, g_p):
   return dl + _scatter_top_k(gp, top_e, p_full.shape[1])
 
 
-def _renormalized(top_p: jax.Array) -> jax.Array:
+def renormalize_top_k(top_p: jax.Array) -> jax.Array:
   """Top-K probabilities (T, K) divided by their sum: softmax over the K selected logits."""
   return top_p / jnp.sum(top_p, axis=-1, keepdims=True)
 
@@ -419,7 +419,7 @@ def _router_top_k_fwd(x, router_w, top_k, logit_bias, impl, interpret, with_mean
   else:
     from sonic_jax.triton.topk import topk_softmax
     top_p, top_e = topk_softmax(logits, top_k, impl=impl, interpret=interpret)
-  out = (_renormalized(top_p) if renormalize else top_p, top_e)
+  out = (renormalize_top_k(top_p) if renormalize else top_p, top_e)
   if with_mean:
     out += (jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0),)
   # The residuals are the inputs (alive anyway: x for the expert block's backward, the weights
@@ -457,11 +457,11 @@ def router_logit_grad(x: jax.Array, router_w: jax.Array, logit_bias: jax.Array |
     # selected j and 0 elsewhere: dl needs only the (T, K) scores, not the (T, E) softmax, so
     # the router GEMM is not recomputed (with the softmax fusion about 50 µs of the 3.62 ms
     # step at 7B-n256 in the H200 profile kernel-profile-h200-2026-12-04-s15f.log).
-    s = _renormalized(top_p)
+    s = renormalize_top_k(top_p)
     return _scatter_top_k(s * (g_s - jnp.sum(s * g_s, axis=-1, keepdims=True)), top_e,
                           router_w.shape[1])
   if renormalize:  # the cotangent of the raw top-K probabilities
-    g_s = jax.vjp(_renormalized, top_p)[1](g_s)[0]
+    g_s = jax.vjp(renormalize_top_k, top_p)[1](g_s)[0]
   p_full = jax.nn.softmax(biased_router_logits(x, router_w, logit_bias), axis=-1)
   dl = _top_k_grad_from_probs(p_full, top_p, top_e, g_s)
   if g_m is not None:  # d mean_t p_t / d l_t = p_t (g - <p_t, g>) / T

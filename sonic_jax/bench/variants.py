@@ -183,7 +183,6 @@ def layer_for(spec: str, d: int, n: int, top_k: int):
   (that, the scores renormalized outside ``router_top_k`` so that its backward recomputes the
   router GEMM and the (T, E) softmax, as before session 26).
   """
-  import jax.numpy as jnp
 
   import sonic_jax
   from sonic_jax import routing
@@ -202,8 +201,7 @@ def layer_for(spec: str, d: int, n: int, top_k: int):
       plan = routing.route_logits(routing.router_logits(x, rw), top_k=top_k, impl=impl)
     elif path == "recomputed-router":
       top_p, top_e = routing.router_top_k(x, rw, top_k, impl=impl)
-      plan = routing.plan_from_top_k(top_p / jnp.sum(top_p, axis=-1, keepdims=True), top_e,
-                                     rw.shape[1], False, impl)
+      plan = routing.plan_from_top_k(top_p, top_e, rw.shape[1], True, impl)
     else:
       plan = routing.route(x, rw, top_k=top_k, impl=impl)
     return sonic_jax.moe_experts(x, plan, w1, w2, backend=kern)
