@@ -23,9 +23,10 @@ VARIANTS=${VARIANTS:-pallas,pallas@two-step,pallas@recomputed-router,ffi,ffi@rec
 for part in ${PART//,/ }; do
 case $part in
 tests)  # (the first call's wider selection did not finish in 170 s)
-  gpu_tests "${TEST_S:-230}" tests/test_router_top_k.py tests/test_pallas_backward.py \
-    tests/test_ffi.py -k "test_gpu_route or test_gpu_layer_gradients_match_float32 or \
-(test_layer_forward_backward_matches_xla and topk) or combine_add"
+  # TEST_FILES / TEST_K narrow it (session 27: the refactored ffi combine handlers).
+  gpu_tests "${TEST_S:-230}" ${TEST_FILES:-tests/test_router_top_k.py tests/test_pallas_backward.py \
+    tests/test_ffi.py} -k "${TEST_K:-test_gpu_route or test_gpu_layer_gradients_match_float32 or \
+(test_layer_forward_backward_matches_xla and topk) or combine_add}"
   tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
   ;;
 bench)  # an H200 only (the README table's rows are H200 rows)
