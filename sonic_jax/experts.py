@@ -53,8 +53,8 @@ def _backward(backend: ExpertKernels, kernels, res, dout, router_dx=None):
 
   router_dx: None, or a function of dS returning (the router's x-gradient (T, d), carry): it
   runs once dX_pairs exists and its result joins the dx combine (``combine_add``), instead of
-  an add kernel after the backward; carry (e.g. the router's logit cotangent, for d router_w)
-  is returned after dW1.
+  an add kernel after the backward; carry (the router's weight and bias gradients, computed
+  from the same (T, E) logit cotangent) is computed before dW1 and returned.
   """
   x, h, scores, w1, w2, plan = res
   dout = dout.astype(x.dtype)
@@ -82,13 +82,16 @@ def _backward(backend: ExpertKernels, kernels, res, dout, router_dx=None):
     # The router's x-gradient (a (T, d) addend) only once dX_pairs exists, not beside dW2.
     ds_now = ds if router_dx is None else jax.lax.optimization_barrier((ds, dx_pairs))[0]
     dx, carry = combine_dx(dx_pairs, ds_now)
-    gather_idx, reverse_idx, _, _ = jax.lax.optimization_barrier(
-        (plan.gather_idx, plan.reverse_idx, dx, dw2))
+    # carry (e.g. the router's weight gradient) is computed here too, not deferred past dW1
+    # with its (T, E) input alive.
+    gather_idx, reverse_idx, _, _, carry = jax.lax.optimization_barrier(
+        (plan.gather_idx, plan.reverse_idx, dx, dw2, carry))
     dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
     # The scores' gradient only after dW1: the router's backward, which may recompute the
     # (T, E) logits (routing.router_top_k), then runs once the (P, ·) buffers are dead
     # instead of beside them (XLA put it next to dW1: H200 memory report, Qwen3-30B-A3B).
-    ds, carry, _ = jax.lax.optimization_barrier((ds, carry, dw1))
+    if router_dx is None:
+      ds, _ = jax.lax.optimization_barrier((ds, dw1))
   else:
     dx_pairs = kernels.dx_pairs(dh, w1, plan)
     dw1 = kernels.dw1(x, dh, plan)
@@ -155,28 +158,23 @@ def _routed_block(backend: ExpertKernels, renormalize: bool):
     x, plan = res[0], res[5]
     top_e = plan.expert_ids.reshape(top_p.shape)
 
-    def logit_grad(g_s, after=None):
-      # The router's inputs pass a barrier with what the step must wait for: a recomputed
-      # router GEMM (raw probabilities or mean_p's gradient) is then neither merged with the
-      # forward's or the other recompute (CSE would keep (T, E) logits alive) nor hoisted.
-      xb, rwb, bb, pb, g, _ = jax.lax.optimization_barrier(
-          (x, router_w, logit_bias, top_p, g_s, after))
-      return xb, rwb, routing.router_logit_grad(xb, rwb, bb, pb, top_e, g, g_m,
-                                                renormalize=renormalize)
-
     def router_dx(ds):
-      # Only the (T, K) cotangent of the scores is carried to after dW1 (for d router_w), not
-      # the (T, E) dl: the fp32 dl carried through the barriers sat at the step's peak
-      # (+7 MiB at Qwen3-30B-A3B in the session-26 memory report).
+      # The router's inputs pass a barrier with dS: a recomputed router GEMM (raw
+      # probabilities or mean_p's gradient) is then neither merged with the forward's (CSE
+      # would keep the (T, E) logits alive) nor hoisted. dl (T, E) gives the router's dx, the
+      # dx combine's addend, and its weight and bias gradients here, once: carrying dl past
+      # dW1 sat at the step's peak (+7 MiB at Qwen3-30B-A3B, session-26 memory report), and
+      # carrying the (T, K) cotangent instead recomputed dl (and with raw probabilities or
+      # mean_p, the router GEMM and softmax) after dW1.
       g_s = _flat_scores_grad(ds, plan).reshape(top_p.shape)
-      xb, rwb, dl = logit_grad(g_s)
-      return routing.router_dx(xb, rwb, dl), g_s
+      xb, rwb, bb, pb, g = jax.lax.optimization_barrier((x, router_w, logit_bias, top_p, g_s))
+      dl = routing.router_logit_grad(xb, rwb, bb, pb, top_e, g, g_m, renormalize=renormalize)
+      return routing.router_dx(xb, rwb, dl), (routing.router_dw(xb, rwb, dl),
+                                              routing.router_bias_grad(logit_bias, dl))
 
-    dx, _, dw1, dw2, g_s = _backward(backend, kernels, res, dout, router_dx)
-    xb, rwb, dl = logit_grad(g_s, dw1)
+    dx, _, dw1, dw2, (drouter_w, dbias) = _backward(backend, kernels, res, dout, router_dx)
     zero = jax.tree.map(_zero_cotangent, (top_p, g_m, plan))
-    return (dx, routing.router_dw(xb, rwb, dl), routing.router_bias_grad(logit_bias, dl),
-            dw1, dw2, *zero)
+    return (dx, drouter_w, dbias, dw1, dw2, *zero)
 
   block.defvjp(fwd, bwd)
   return block

@@ -206,3 +206,20 @@ def test_validation():
     moe_top_k(x, rw[:4], w1, w2, top_k=2)
   with pytest.raises(ValueError, match="logit_bias"):
     moe_top_k(x, rw, w1, w2, top_k=2, logit_bias=jnp.zeros((3,)))
+
+
+@pytest.mark.parametrize("renormalize,mean", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("dw1_last", [False, True])
+def test_backward_computes_the_router_logits_at_most_once(renormalize, mean, dw1_last):
+  """The compiled step's (T, E) router GEMMs: the forward's, plus one recompute in the backward
+  for raw probabilities or the mean probabilities' gradient (the logit cotangent gives the
+  router's dx, d router_w and d bias together), none for renormalized scores alone."""
+  import re
+  p = Problem(T=40, d=16, n=8, E=7, K=2)
+  x, rw, w1, w2 = make_inputs(p)
+  ct = jax.random.normal(jax.random.key(3), (p.T, p.d), jnp.float32)
+  kern = type("_Xla", (XlaKernels,), {"dw1_last": dw1_last})()  # its own cached trace
+  step = _loss(_joint, ct, k=p.K, renormalize=renormalize, mean=mean, backend=kern)
+  hlo = step.lower(x, rw, w1, w2, jnp.zeros((p.E,))).compile().as_text()
+  router_gemms = re.findall(rf"= \w+\[{p.T},{p.E}\]\S* dot\(", hlo)
+  assert len(router_gemms) == (1 if renormalize and not mean else 2), router_gemms
