@@ -647,7 +647,8 @@ def test_dx_add_runs_and_names_the_producer(capsys):
   assert not any(word.startswith("unknown") for word in rows[0][4:])
 
 
-@pytest.mark.parametrize("path", ["", "@two-step", "@recomputed-router", "@saved-logits"])
+@pytest.mark.parametrize("path", ["", "@two-step", "@recomputed-router", "@saved-logits",
+                                  "@raw-probs"])
 def test_bench_layer_for_route_paths_give_moe_gradients(path):
   """The diagnostic benchmarks' route paths (sonic_jax.bench.variants.layer_for) compute the
   layer's values and gradients; an unknown path is refused."""
@@ -663,7 +664,8 @@ def test_bench_layer_for_route_paths_give_moe_gradients(path):
   def grads(fn):
     return jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=(0, 1, 2, 3))(*args)
 
-  want = grads(lambda *a: sonic_jax.moe(*a, top_k=p.K, backend="xla"))
+  want = grads(lambda *a: sonic_jax.moe(*a, top_k=p.K, backend="xla",
+                                       renormalize=path != "@raw-probs"))
   for g, r in zip(grads(layer), want):
     assert rel_err(g, r) <= 1e-5
   with pytest.raises(SystemExit, match="route paths"):

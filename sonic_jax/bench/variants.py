@@ -170,7 +170,7 @@ def _mixed_kernels(spec: str, d: int | None, n: int | None):
     raise SystemExit(f"variant {spec!r}: {e}") from None
 
 
-ROUTE_PATHS = ("saved-logits", "two-step", "recomputed-router")
+ROUTE_PATHS = ("saved-logits", "two-step", "recomputed-router", "raw-probs")
 
 
 def layer_for(spec: str, d: int, n: int, top_k: int):
@@ -181,7 +181,8 @@ def layer_for(spec: str, d: int, n: int, top_k: int):
   logits, which autodiff keeps for the backward), ``two-step`` (``route`` then ``moe_experts``:
   XLA adds the router's x-gradient after the experts' dx combine) and ``recomputed-router``
   (that, the scores renormalized outside ``router_top_k`` so that its backward recomputes the
-  router GEMM and the (T, E) softmax, as before session 26).
+  router GEMM and the (T, E) softmax, as before session 26). ``raw-probs`` is ``moe`` with
+  ``renormalize=False`` (OLMoE / Qwen3 style): its backward recomputes the router GEMM once.
   """
 
   import sonic_jax
@@ -192,8 +193,10 @@ def layer_for(spec: str, d: int, n: int, top_k: int):
   if path and path not in ROUTE_PATHS:
     raise SystemExit(f"variant {spec!r}: route paths are {ROUTE_PATHS}")
   kern = kernels_for(kern_spec, d, n)
-  if not path:
-    return lambda x, rw, w1, w2: sonic_jax.moe(x, rw, w1, w2, top_k=top_k, backend=kern)
+  if path in ("", "raw-probs"):
+    renormalize = path != "raw-probs"
+    return lambda x, rw, w1, w2: sonic_jax.moe(x, rw, w1, w2, top_k=top_k, backend=kern,
+                                               renormalize=renormalize)
 
   def layer(x, rw, w1, w2):
     impl = resolve_route_impl("auto")
