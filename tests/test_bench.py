@@ -321,6 +321,38 @@ def test_merge_keeps_measured_rows_and_readme_shows_only_the_merge(tmp_path):
     merge.merge([("x.json", old), ("y.json", other)])
 
 
+def test_merge_extend_puts_an_earlier_merges_runs_first(tmp_path, capsys):
+  """--extend: the runs of an earlier merge come first (a newer run's rows win), its own notes
+  are printed and not carried; a document that is not a merge is refused."""
+  from sonic_jax.bench import merge
+  docs = []
+  for i, tflops in enumerate((300.0, 350.0, 400.0)):
+    doc = _fake_gpu_doc()
+    doc["meta"]["date"] = f"2026-12-0{i + 2} 10:00 UTC"
+    for r in doc["results"]:
+      if r["impl"] == "pallas":
+        r["modes"]["fwd"]["tflops"] = tflops
+    path = tmp_path / f"bench-h200-run{i}.json"
+    path.write_text(json.dumps(doc))
+    docs.append(path)
+  first = tmp_path / "bench-h200-merged-1.json"
+  assert merge.main([str(first), str(docs[0]), str(docs[1]), "--no-plots",
+                     "--note", "old summary"]) == 0
+  capsys.readouterr()
+  second = tmp_path / "bench-h200-merged-2.json"
+  assert merge.main([str(second), str(docs[2]), "--extend", str(first), "--no-plots",
+                     "--note", "new summary"]) == 0
+  assert "(not carried from bench-h200-merged-1.json) old summary" in capsys.readouterr().out
+  doc = json.loads(second.read_text())
+  assert [s["file"] for s in doc["meta"]["merged_from"]] == [p.name for p in docs]
+  assert doc["meta"]["notes"][0] == "new summary" and "old summary" not in doc["meta"]["notes"]
+  rows = {r["impl"]: r for r in doc["results"]}
+  assert rows["pallas"]["modes"]["fwd"]["tflops"] == 400.0
+  assert rows["pallas"]["source"] == docs[2].name
+  with pytest.raises(SystemExit, match="not a merged document"):
+    merge.main([str(tmp_path / "x.json"), str(docs[2]), "--extend", str(docs[0])])
+
+
 def test_merge_marks_rows_timed_on_the_gradients_only_step(tmp_path):
   """Runs without meta["fwdbwd_step"] timed the JAX rows on the gradients-only step: the merge
   marks those rows (not the PyTorch baseline's, which always ran the whole step, nor rows of

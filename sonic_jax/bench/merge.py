@@ -9,7 +9,10 @@ step returned (``fwdbwd_step``: runs before that key existed timed the gradients
 records the sources in
 ``meta["merged_from"]`` (``sonic_jax.bench.readme`` then shows only the merged document). A
 ``--check-only`` run's check is added to the row it checks (``check_source`` names its file).
-Runs must share routing and device.
+Runs must share routing and device. ``--extend OLD_MERGED.json`` puts the runs an earlier
+merge was made of (from its ``merged_from``, in its directory) before the given runs, so that a
+new run joins the table without retyping the list; the earlier merge's own notes are printed,
+not carried (restate the ones that still hold with ``--note``).
 """
 
 from __future__ import annotations
@@ -82,17 +85,40 @@ def merge(docs: list[tuple[str, dict]]) -> dict:
   return {"meta": newest, "results": results}
 
 
+def extended_runs(merged_path: str) -> list[str]:
+  """The run files an earlier merge was made of, oldest first (paths beside it); prints the
+  merge's own notes (those not carried from a run) for the caller to restate."""
+  with open(merged_path) as f:
+    meta = json.load(f)["meta"]
+  if not meta.get("merged_from"):
+    raise SystemExit(f"--extend {merged_path}: not a merged document (no meta['merged_from'])")
+  base = os.path.dirname(os.path.abspath(merged_path))
+  paths = [os.path.join(base, m["file"]) for m in meta["merged_from"]]
+  missing = [p for p in paths if not os.path.exists(p)]
+  if missing:
+    raise SystemExit(f"--extend {merged_path}: its runs {missing} are not beside it")
+  for note in meta.get("notes", []):
+    if not note.startswith("["):
+      print(f"(not carried from {os.path.basename(merged_path)}) {note}")
+  return paths
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m sonic_jax.bench.merge", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("out", help="merged results JSON to write (Markdown and plots beside it)")
   ap.add_argument("runs", nargs="+", help="results JSONs, oldest first")
+  ap.add_argument("--extend", metavar="MERGED_JSON",
+                  help="an earlier merge whose runs come before RUNS")
   ap.add_argument("--note", action="append", default=[],
                   help="a note on the merged document (repeatable)")
   ap.add_argument("--no-plots", action="store_true")
   args = ap.parse_args(argv)
+  paths = list(args.runs)
+  if args.extend:
+    paths = extended_runs(args.extend) + paths
   docs = []
-  for p in args.runs:
+  for p in paths:
     with open(p) as f:
       docs.append((p, json.load(f)))
   doc = merge(docs)
