@@ -87,9 +87,10 @@ def _backward(backend: ExpertKernels, kernels, res, dout, router_dx=None):
     gather_idx, reverse_idx, _, _, carry = jax.lax.optimization_barrier(
         (plan.gather_idx, plan.reverse_idx, dx, dw2, carry))
     dw1 = kernels.dw1(x, dh, plan.replace(gather_idx=gather_idx, reverse_idx=reverse_idx))
-    # The scores' gradient only after dW1: the router's backward, which may recompute the
-    # (T, E) logits (routing.router_top_k), then runs once the (P, ·) buffers are dead
-    # instead of beside them (XLA put it next to dW1: H200 memory report, Qwen3-30B-A3B).
+    # moe_experts: the scores' gradient only after dW1, so that the router's backward outside
+    # (autodiff's, which may recompute the (T, E) logits: routing.router_top_k) runs once the
+    # (P, ·) buffers are dead instead of beside them (XLA put it next to dW1: H200 memory
+    # report, Qwen3-30B-A3B). moe_top_k's router gradients are in carry, before dW1.
     if router_dx is None:
       ds, _ = jax.lax.optimization_barrier((ds, dw1))
   else:
