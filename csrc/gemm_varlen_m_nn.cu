@@ -20,6 +20,9 @@ static bool dispatch_nn(bool f32_out, int config, Fn fn) {
       case 0: fn(NN<Bf16, Pingpong128x128C2x1>{}); return true;
       case 1: fn(NN<Bf16, Cooperative128x256C2x1>{}); return true;
       case 2: fn(NN<Bf16, Cooperative256x128C2x1>{}); return true;
+      case 10: fn(NN<Bf16, Cooperative128x256C2x2>{}); return true;
+      case 11: fn(NN<Bf16, Cooperative128x256C1x1>{}); return true;
+      case 12: fn(NN<Bf16, Pingpong64x256C2x1>{}); return true;
       default: return false;
     }
   }

@@ -15,6 +15,9 @@ static bool dispatch_nt_bf16(int config, Fn fn) {
     case 0: fn(NTbf16<Pingpong128x128C2x1>{}); return true;
     case 1: fn(NTbf16<Cooperative128x256C2x1>{}); return true;
     case 2: fn(NTbf16<Cooperative256x128C2x1>{}); return true;
+    case 10: fn(NTbf16<Cooperative128x256C2x2>{}); return true;
+    case 11: fn(NTbf16<Cooperative128x256C1x1>{}); return true;
+    case 12: fn(NTbf16<Pingpong64x256C2x1>{}); return true;
     default: return false;
   }
 }

@@ -51,6 +51,32 @@ struct Cooperative128x256C1x2 {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 
+// Session 28 (varlen-M bf16 kinds only, for the sweep): both operands multicast over a 2 x 2
+// cluster (half the A and half the B bytes from L2 per CTA), the 128 x 256 tile without a
+// cluster, and ping-pong on 64 x 256 tiles (each consumer runs m64n256 wgmmas, as in the
+// cooperative 128 x 256 tile, and its epilogue hides under the other's mainloop: down_proj's
+// short contraction, K = n, leaves the cooperative tile's epilogue exposed).
+struct Cooperative128x256C2x2 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_2, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+struct Cooperative128x256C1x1 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+struct Pingpong64x256C2x1 {
+  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
 // LayoutA / LayoutB in CUTLASS 2.x terms: A is (M, K), B is (K, N); D is always row-major.
 template <class LayoutA, class LayoutB, class ElementD, class Config>
 struct GroupedGemm {

@@ -155,7 +155,10 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "GatherTmaB128x256C2x1": GemmConfig.GATHER_TMA_B_128x256_C2x1,
       "GatherNoinc128x256": GemmConfig.GATHER_NOINC_128x256,
       "GatherTma256x128C2x1": GemmConfig.GATHER_TMA_256x128_C2x1,
-      "GatherTma256x128C1": GemmConfig.GATHER_TMA_256x128_C1}
+      "GatherTma256x128C1": GemmConfig.GATHER_TMA_256x128_C1,
+      "Cooperative128x256C2x2": GemmConfig.COOPERATIVE_128x256_C2x2,
+      "Cooperative128x256C1x1": GemmConfig.COOPERATIVE_128x256_C1x1,
+      "Pingpong64x256C2x1": GemmConfig.PINGPONG_64x256_C2x1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
@@ -164,7 +167,7 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
     if start is not None:  # one dispatch function of a TU that has several
       body = body[body.index(start):]
       body = body[:body.index("default:")]
-    return re.findall(r"case (\d): fn\(\w+<(?:\w+, )?(\w+)>", body)
+    return re.findall(r"case (\d+): fn\(\w+<(?:\w+, )?(\w+)>", body)
   for path, start, kind in (
       ("gemm_varlen_m_nn.cu", None, GemmKind.VARLEN_M_NN_BF16),
       ("gemm_varlen_m_nt_f32.cu", None, GemmKind.VARLEN_M_NT_F32),
@@ -522,6 +525,55 @@ def test_sweep_elementwise_rows(monkeypatch):
   assert by["dswiglu_warp"]["rel_vs_block"] == 0.0
   assert by["copy"]["bytes"] == dswiglu_bytes
   assert by["swiglu_from_h"]["gbps"] == pytest.approx(p * 6 * n / by["swiglu_from_h"]["ms"] / 1e6)
+
+
+def test_sweep_gemms_only_rows(monkeypatch):
+  """--gemms-only on the CPU (the ffi GEMM and layer replaced by plain JAX): a row per plain
+  GEMM and instantiated schedule, the layer under the default and the swept table, no fused
+  gather or entry rows, and a pick per GEMM shape."""
+  from sonic_jax.ffi import sweep
+
+  calls = []
+
+  def grouped_gemm(lhs, rhs, offs, kind, config=None):
+    calls.append((GemmKind(kind), config))
+    rows = jnp.arange(lhs.shape[0])
+    onehot = ((rows[:, None] >= offs[None, :-1]) & (rows[:, None] < offs[None, 1:])).astype(
+        jnp.float32)
+    lhs, rhs = lhs.astype(jnp.float32), rhs.astype(jnp.float32)
+    if kind in schedules.VARLEN_K_KINDS:
+      out = jnp.einsum("pm,pe,pn->emn", lhs, onehot, rhs)
+    elif kind in (GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_M_NT_BF16):
+      out = jnp.einsum("pk,pe,enk->pn", lhs, onehot, rhs)
+    else:
+      out = jnp.einsum("pk,pe,ekn->pn", lhs, onehot, rhs)
+    f32 = kind in schedules.F32_OUT_KINDS
+    return out if f32 else out.astype(jnp.bfloat16)
+
+  monkeypatch.setattr(sweep.ops, "grouped_gemm", grouped_gemm)
+  moe = sonic_jax.moe
+  monkeypatch.setattr(sweep.sonic_jax, "moe",
+                      lambda *a, backend=None, **kw: moe(*a, backend="xla", **kw))
+  rows, picks = sweep.run_config(64, 32, 16, 4, 2, iters=1, gemms_only=True)
+  gemms = [r for r in rows if r["kind"] == "gemm"]
+  names = list(dict.fromkeys(r["name"] for r in gemms))
+  assert len(names) == 6
+  kinds = [GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_NT_F32,
+           GemmKind.VARLEN_M_NT_BF16, GemmKind.VARLEN_K_BF16, GemmKind.VARLEN_K_BF16]
+  for name, kind in zip(names, kinds):
+    got = [r["config"] for r in gemms if r["name"] == name]
+    assert got == [c.name for c in schedules.INSTANTIATED[kind]], name
+    # Every schedule agrees with the first one (the fake computes the same product).
+    assert all(r["rel_err_vs_first"] < 1e-6 for r in gemms if r["name"] == name)
+  assert len(gemms) == sum(len(schedules.INSTANTIATED[k]) for k in kinds)
+  assert {r["kind"] for r in rows} == {"gemm", "layer"}
+  assert [(r["name"], r["table"]) for r in rows if r["kind"] == "layer"] == [
+      ("layer fwd", "default"), ("layer fwd+bwd", "default"),
+      ("layer fwd", "swept"), ("layer fwd+bwd", "swept")]
+  # One pick per distinct (kind, N, K) shape; up_proj (2n, d) and down_proj (d, n) differ.
+  assert len(picks) == 6
+  assert all(v in {c.name for c in GemmConfig} for v in picks.values())
+  assert len(calls) == len(gemms)
 
 
 def test_ffi_kernels_dswiglu_switch():

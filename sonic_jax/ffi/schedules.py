@@ -65,10 +65,19 @@ class GemmConfig(enum.IntEnum):
   # ... and the same without the cluster: each CTA loads its whole A' tile (session 22, not yet
   # run on a GPU).
   GATHER_TMA_256x128_C1 = 9
+  # Varlen-M bf16 kinds only (session 28, for the sweep): the 128 x 256 tile with both operands
+  # multicast over a 2 x 2 cluster, or without a cluster, and ping-pong on 64 x 256 tiles
+  # (m64n256 wgmmas per consumer, each one's epilogue under the other's mainloop).
+  COOPERATIVE_128x256_C2x2 = 10
+  COOPERATIVE_128x256_C1x1 = 11
+  PINGPONG_64x256_C2x1 = 12
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
               GemmConfig.COOPERATIVE_256x128_C2x1)
+_M_BF16_CONFIGS = _M_CONFIGS + (GemmConfig.COOPERATIVE_128x256_C2x2,
+                                GemmConfig.COOPERATIVE_128x256_C1x1,
+                                GemmConfig.PINGPONG_64x256_C2x1)
 
 _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
                    GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256)
@@ -76,9 +85,9 @@ _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x25
 # The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_NN_F32: (GemmConfig.PINGPONG_128x128_C2x1,),
-    GemmKind.VARLEN_M_NN_BF16: _M_CONFIGS,
+    GemmKind.VARLEN_M_NN_BF16: _M_BF16_CONFIGS,
     GemmKind.VARLEN_M_NT_F32: _M_CONFIGS,
-    GemmKind.VARLEN_M_NT_BF16: _M_CONFIGS,
+    GemmKind.VARLEN_M_NT_BF16: _M_BF16_CONFIGS,
     GemmKind.VARLEN_K_F32: (GemmConfig.PINGPONG_128x128_C2x1,
                             GemmConfig.COOPERATIVE_128x256_C1x2),
     GemmKind.VARLEN_K_BF16: (GemmConfig.PINGPONG_128x128_C2x1,

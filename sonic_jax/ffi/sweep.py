@@ -1,6 +1,7 @@
 """Tile-schedule sweep of the ffi backend's grouped GEMMs and the layer timing it leads to (GPU).
 
   python -m sonic_jax.ffi.sweep [--configs T,d,n,E,K ...] [--iters 10] [--json out.json]
+                                [--gemms-only | --layer-only | --fused-gather-only | ...]
 
 For each (T, d, n, E, K): top-K routing from random logits and random bf16 data; every grouped
 GEMM of the layer (inputs gathered beforehand) under every tile schedule instantiated for its
@@ -74,9 +75,10 @@ def _layer_rows(moe, x, router_w, w1, w2, cot, k):
            18 * t * k * d * n)]
 
 
-def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
+def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False, gemms_only=False):
   """One (T, d, n, E, K): sweep (every schedule) or only the layer; fused_only: the fused-gather
-  GEMMs against gather_rows + GEMM and the layer with and without the fused gather."""
+  GEMMs against gather_rows + GEMM and the layer with and without the fused gather; gemms_only:
+  the plain GEMMs under every schedule and the layer with the default and the swept table."""
   full = sweep and not fused_only
   ks = jax.random.split(jax.random.key(0), 8)
   plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
@@ -147,7 +149,8 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
       ("dh gather·W2ᵀ (fp32)", GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_M_GATHER_NT_F32,
        dout, w2, (n, d), 2 * rows * d * n),
   ]
-  for name, plain, fused, src, w, dims, flops in (fused_cases if sweep or fused_only else []):
+  for name, plain, fused, src, w, dims, flops in (
+      fused_cases if (sweep or fused_only) and not gemms_only else []):
     f_sep = jax.jit(lambda s_, i, w_, o, kd=plain: ops.grouped_gemm(ops.gather_rows(s_, i, o), w_,
                                                                      o, kd))
     ms_sep, timer_sep, ref = gpu_ms(f_sep, src, plan.gather_idx, w, offs, iters=iters)
@@ -183,7 +186,7 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
                          plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)
     return h, ops.swiglu_from_h(h, plan.group_offsets)
 
-  if full:
+  if full and not gemms_only:
     (h1, a1), (h2, a2) = jax.jit(up_v1)(x, w1, plan), jax.jit(up_v2)(x, w1, plan)
     errs = dict(h=_rel(h2[valid], h1[valid]), a=_rel(a2[valid], a1[valid]))
     for name, f in (("entry up_proj v1 (fp32 acc)", up_v1), ("entry up_proj v2 (bf16 H)", up_v2)):
@@ -213,7 +216,7 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False):
   schedules.MEASURED.clear()
   schedules.MEASURED.update(saved)
   # The layer with the fused gather (opt-in) under the table as it is, with either B path.
-  for sched in GATHER_SCHEDULES:
+  for sched in (() if gemms_only else GATHER_SCHEDULES):
     jax.clear_caches()
     experts._expert_block.cache_clear()
     fused_k = FfiKernels(fused_gather=True, gather_schedule=sched)
@@ -358,6 +361,9 @@ def main(argv=None):
   ap.add_argument("--fused-epilogue-only", action="store_true",
                   help="only up_proj, dh and the layer with the SwiGLU / dSwiGLU epilogues "
                        "separate and fused (FfiKernels(fused_epilogue=...))")
+  ap.add_argument("--gemms-only", action="store_true",
+                  help="only the plain grouped GEMMs under every schedule and the layer with the "
+                       "default and the swept schedules table")
   ap.add_argument("--elementwise-only", action="store_true",
                   help="only the dSwiGLU (block / warp per row) and SwiGLU kernels, with their "
                        "bandwidth")
@@ -376,7 +382,8 @@ def main(argv=None):
       rows, picks = run_fused_epilogue(t, d, n, e, k, args.iters, args.epilogue_variants)
     else:
       rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
-                               fused_only=args.fused_gather_only)
+                               fused_only=args.fused_gather_only,
+                               gemms_only=args.gemms_only)
     report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k), rows=rows,
                                   picks=picks))
     if args.json:  # after every config, so a timeout keeps what finished

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 28's device calls (carry the built library, ABI 12: sonic_jax/ffi/libsonic_jax_cuda.so).
+# PART=bench (an H200 only; the README table's rows are H200 rows): as scripts/device_s27.sh's
+#   bench part (the layer benchmark of pallas and ffi through moe_top_k at the configs that miss
+#   a target; merge and readme steps in that script's header).
+# PART=sweep (any Hopper GPU): `python -m sonic_jax.ffi.sweep --gemms-only` at 120B-n1024 and
+#   30B-n512 (T=32768, d=4096, E=128, K=8): the six plain grouped GEMMs under every instantiated
+#   schedule (the three new varlen-M bf16 ones: 128x256 over a 2x2 cluster, 128x256 without a
+#   cluster, ping-pong 64x256) next to XLA's dense matmul, then the layer step with the default
+#   and with the swept table.
+# PART=tests: as device_s27.sh's (Pallas layer gradients, route mean-probs), plus the ffi GEMM
+#   tests of every instantiated schedule (the new ones included).
+#   run(command="PART=sweep,tests bash scripts/device_s28.sh",
+#       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s28_out}
+begin_call
+PART=${PART:-sweep,tests}
+for part in ${PART//,/ }; do
+case $part in
+sweep)
+  ffi_sweep "${SWEEP_S:-240}" sweep "^config|  (down_proj|up_proj|dh|dx_pairs|dw1|dw2|layer)|MEASURED" \
+    --gemms-only --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 32768,4096,512,128,8}
+  ;;
+tests)
+  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "every_gemm_schedule"
+  cp "$OUT/gpu-tests.log" "$OUT/gpu-tests-ffi.log"
+  gpu_tests "${TEST_S:-150}" tests/test_pallas_backward.py tests/test_router_top_k.py \
+    -k "test_gpu_layer_gradients_match_float32 or test_gpu_route_mean_probs"
+  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
+  ;;
+bench)
+  if grep -q H200 "$OUT/gpu.txt"; then
+    BACKENDS=pallas,ffi layer_bench "${TOTAL_S:-530}" "${BENCH_TAG:-s28}" \
+      ${BENCH_CONFIGS:-paper-7B-n256 paper-1.4B-n512 paper-120B-n512 paper-120B-n1024 \
+        paper-30B-n512 paper-1.4B-n256 paper-30B-n256 paper-120B-n2048 DeepSeek-V3-like}
+  else
+    echo "not an H200: skipped"
+  fi
+  ;;
+*) echo "unknown PART $part" ;;
+esac
+done
+echo "== [$(since) s] done"
