@@ -1,5 +1,7 @@
 // Varlen-K grouped GEMM for the weight gradients: dW1_e = Xgᵀ·dH, dW2_e = A'ᵀ·dOg (fp32
 // accumulation; fp32 or bf16 out).
+#include <type_traits>
+
 #include "grouped_gemm.cuh"
 
 namespace sonic {
@@ -15,8 +17,18 @@ static bool dispatch_k(int config, Fn fn) {
   switch (config) {
     case 0: fn(VK<Out, Pingpong128x128C2x1>{}); return true;
     case 3: fn(VK<Out, Cooperative128x256C1x2>{}); return true;
-    default: return false;
+    default: break;
   }
+  // bf16 out only (session 28, for the sweep): the 128 x 256 tile with the N-side operand's
+  // tile multicast over a 2 x 1 cluster, or both operands' over a 2 x 2 one.
+  if constexpr (std::is_same_v<Out, cutlass::bfloat16_t>) {
+    switch (config) {
+      case 1: fn(VK<Out, Cooperative128x256C2x1>{}); return true;
+      case 10: fn(VK<Out, Cooperative128x256C2x2>{}); return true;
+      default: break;
+    }
+  }
+  return false;
 }
 
 template <class Fn>

@@ -172,8 +172,8 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       ("gemm_varlen_m_nn.cu", None, GemmKind.VARLEN_M_NN_BF16),
       ("gemm_varlen_m_nt_f32.cu", None, GemmKind.VARLEN_M_NT_F32),
       ("gemm_varlen_m_nt_bf16.cu", None, GemmKind.VARLEN_M_NT_BF16),
-      # One switch serves both outputs (templated on the output type).
-      ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_F32),
+      # One switch serves both outputs (templated on the output type), a second one bf16 only.
+      ("gemm_varlen_k.cu", "dispatch_k(int config", GemmKind.VARLEN_K_F32),
       ("gemm_varlen_k.cu", None, GemmKind.VARLEN_K_BF16),
       # One switch in gather_gemm.cuh serves the gathered and the fused-epilogue kinds
       # (templated on the kind's launcher).

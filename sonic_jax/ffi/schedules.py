@@ -65,9 +65,10 @@ class GemmConfig(enum.IntEnum):
   # ... and the same without the cluster: each CTA loads its whole A' tile (session 22, not yet
   # run on a GPU).
   GATHER_TMA_256x128_C1 = 9
-  # Varlen-M bf16 kinds only (session 28, for the sweep): the 128 x 256 tile with both operands
+  # Session 28, for the sweep. Varlen-M bf16 kinds: the 128 x 256 tile with both operands
   # multicast over a 2 x 2 cluster, or without a cluster, and ping-pong on 64 x 256 tiles
-  # (m64n256 wgmmas per consumer, each one's epilogue under the other's mainloop).
+  # (m64n256 wgmmas per consumer, each one's epilogue under the other's mainloop). Varlen-K
+  # bf16: the 2 x 2 cluster, and COOPERATIVE_128x256_C2x1.
   COOPERATIVE_128x256_C2x2 = 10
   COOPERATIVE_128x256_C1x1 = 11
   PINGPONG_64x256_C2x1 = 12
@@ -91,7 +92,9 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_K_F32: (GemmConfig.PINGPONG_128x128_C2x1,
                             GemmConfig.COOPERATIVE_128x256_C1x2),
     GemmKind.VARLEN_K_BF16: (GemmConfig.PINGPONG_128x128_C2x1,
-                             GemmConfig.COOPERATIVE_128x256_C1x2),
+                             GemmConfig.COOPERATIVE_128x256_C1x2,
+                             GemmConfig.COOPERATIVE_128x256_C2x1,
+                             GemmConfig.COOPERATIVE_128x256_C2x2),
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
