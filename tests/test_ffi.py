@@ -872,9 +872,11 @@ def test_library_reports_available_on_hopper():
 
 
 # The gathered kinds take (src, gather_idx) through ops.gathered_grouped_gemm, the fused-epilogue
-# kinds go through ops.up_proj_swiglu / dh_dswiglu: both are tested below.
+# kinds go through ops.up_proj_swiglu / dh_dswiglu, the gathered varlen-K kind through
+# ops.gathered_varlen_k: each is tested on its own.
 _KIND_CONFIGS = [(kind, cfg) for kind, cfgs in schedules.INSTANTIATED.items() for cfg in cfgs
-                 if kind not in schedules.GATHER_KINDS + schedules.FUSED_EPILOGUE_KINDS]
+                 if kind not in schedules.GATHER_KINDS + schedules.FUSED_EPILOGUE_KINDS
+                 + (GemmKind.VARLEN_K_GATHER_BF16,)]
 
 
 @pytest.mark.gpu

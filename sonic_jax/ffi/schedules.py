@@ -110,11 +110,17 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
 # Default per kind: the cooperative 128x256 tile won 5 of the 6 fully swept varlen-M shapes of
 # the H200 sweep (2026-12-02, T=32768, d=4096, n=1024 and n=512, E=128, K=8), by 1.2-1.3x on the
 # up_proj, dh and dx_pairs GEMMs; for varlen-K the two configs are within 5%.
+# Session 28 (H100, sweep --gemms-only at T=32768, d=4096, E=128, K=8): the same tile without
+# the 2 x 1 cluster is faster for the bf16 varlen-M GEMMs (a cluster's two CTAs must share a GPC
+# and each group's M blocks are rounded up to even): at n=1024 up_proj 6.147 vs 6.600 ms,
+# down_proj 3.320 vs 3.388, dx_pairs 6.198 vs 6.394; at n=512 up_proj 3.081 vs 3.166, dx_pairs
+# 3.383 vs 3.407 (benchmarks/results/s28-h100-2026-12-06.md). Where a 2 x 2 cluster or
+# ping-pong 64 x 256 was timed, it lost.
 DEFAULT: dict[GemmKind, GemmConfig] = {
     GemmKind.VARLEN_M_NN_F32: GemmConfig.PINGPONG_128x128_C2x1,
-    GemmKind.VARLEN_M_NN_BF16: GemmConfig.COOPERATIVE_128x256_C2x1,
+    GemmKind.VARLEN_M_NN_BF16: GemmConfig.COOPERATIVE_128x256_C1x1,
     GemmKind.VARLEN_M_NT_F32: GemmConfig.COOPERATIVE_128x256_C2x1,
-    GemmKind.VARLEN_M_NT_BF16: GemmConfig.COOPERATIVE_128x256_C2x1,
+    GemmKind.VARLEN_M_NT_BF16: GemmConfig.COOPERATIVE_128x256_C1x1,
     GemmKind.VARLEN_K_F32: GemmConfig.COOPERATIVE_128x256_C1x2,
     GemmKind.VARLEN_K_BF16: GemmConfig.COOPERATIVE_128x256_C1x2,  # the fp32 kind's default
     # The wider tile wins both (H200, T=32768, d=4096, n=1024, E=128, K=8): up_proj 9.354 vs
