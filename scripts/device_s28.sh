@@ -8,6 +8,8 @@
 #   schedule (the three new varlen-M bf16 ones: 128x256 over a 2x2 cluster, 128x256 without a
 #   cluster, ping-pong 64x256) next to XLA's dense matmul, then the layer step with the default
 #   and with the swept table.
+# PART=prof (any Hopper GPU): kernel profile of the ffi step with the new default schedules
+#   against ffi with the old ones (FfiKernels(schedules=...)), variants interleaved.
 # PART=tests: as device_s27.sh's (Pallas layer gradients, route mean-probs), plus the ffi GEMM
 #   tests of every instantiated schedule (the new ones included).
 #   run(command="PART=sweep,tests bash scripts/device_s28.sh",
@@ -38,6 +40,12 @@ bench)
   else
     echo "not an H200: skipped"
   fi
+  ;;
+prof)
+  # The ffi step with the new varlen-M defaults (no cluster) against the old ones (2 x 1).
+  OLD=schedule=VARLEN_M_NN_BF16@COOPERATIVE_128x256_C2x1:schedule=VARLEN_M_NT_BF16@COOPERATIVE_128x256_C2x1
+  PROF_TAG=sched kernel_profile "${PROF_S:-400}" \
+    "${PROF_CONFIGS:-paper-120B-n1024,paper-7B-n256,paper-1.4B-n512,paper-30B-n512}" "ffi,ffi:$OLD" 0.05
   ;;
 *) echo "unknown PART $part" ;;
 esac

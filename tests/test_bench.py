@@ -511,6 +511,12 @@ def test_bench_variants_parse_ffi_options():
     kernels_for("ffi:nope")
   with pytest.raises(SystemExit, match="row_gather must be 'gather' or 'scatter'"):
     kernels_for("ffi:row_gather=xla")
+  k = kernels_for("ffi:schedule=VARLEN_M_NN_BF16@COOPERATIVE_128x256_C2x1:"
+                  "schedule=VARLEN_K_BF16@PINGPONG_128x128_C2x1")
+  assert k == FfiKernels(schedules={"VARLEN_K_BF16": "PINGPONG_128x128_C2x1",
+                                    "VARLEN_M_NN_BF16": "COOPERATIVE_128x256_C2x1"})
+  with pytest.raises(SystemExit, match="config must be one of .* for VARLEN_K_BF16"):
+    kernels_for("ffi:schedule=VARLEN_K_BF16@PINGPONG_64x256_C2x1")
 
 
 def test_timed_fwdbwd_step_runs_the_whole_forward():

@@ -294,6 +294,62 @@ def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad,
     assert (in_gemm in targets) == (how == "in-GEMM"), (entry, targets)
 
 
+def _ffi_configs(fn, *args) -> list[tuple[str, int]]:
+  """(target, config attribute) of each FFI call ``fn(*args)`` makes that has one."""
+  out = []
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if "target_name" in eqn.params:
+        attrs = dict(eqn.params.get("attributes", ()))
+        if "config" in attrs:
+          out.append((eqn.params["target_name"], int(attrs["config"])))
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return out
+
+
+def test_ffi_kernels_schedules_override_each_plain_gemm(monkeypatch):
+  """FfiKernels(schedules=...) sets the config of the plain grouped GEMMs of its kinds, for
+  every shape, and leaves the others to schedules.pick; bad kinds / configs are refused."""
+  monkeypatch.setattr(_lib, "library", lambda: None)
+  monkeypatch.setattr(_lib, "gemm_workspace_bytes", lambda kind, config, groups: 256)
+  t, e, k, d, n = 64, 4, 2, 32, 16
+  plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
+  p, bf = plan.capacity, jnp.bfloat16
+  x, w1, w2 = jnp.ones((t, d), bf), jnp.ones((e, d, 2 * n), bf), jnp.ones((e, n, d), bf)
+  a, dh = jnp.ones((p, n), bf), jnp.ones((p, 2 * n), bf)
+  nn, nt, vk = GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_NT_BF16, GemmKind.VARLEN_K_BF16
+  pick = lambda kind, *dims: int(schedules.pick(kind, *dims))
+  gemm = "sonic_jax_grouped_gemm"
+
+  def configs(kern):
+    plain = dict(fused_gather="none", wgrad_gather="none")
+    kern = FfiKernels(**plain, **kern)
+    return ([c for tgt, c in _ffi_configs(lambda: kern.up_proj(x, w1, plan)) if tgt == gemm]
+            + [c for _, c in _ffi_configs(lambda: kern.down_proj(a, w2, plan))]
+            + [c for _, c in _ffi_configs(lambda: kern.dx_pairs(dh, w1, plan))]
+            + [c for _, c in _ffi_configs(lambda: kern.dw1(x, dh, plan))])
+
+  assert configs({}) == [pick(nn, 2 * n, d), pick(nn, d, n), pick(nt, d, 2 * n),
+                         pick(vk, d, 2 * n)]
+  c2 = GemmConfig.COOPERATIVE_128x256_C2x1
+  got = configs(dict(schedules={"VARLEN_M_NN_BF16": "COOPERATIVE_128x256_C2x1",
+                                vk: GemmConfig.PINGPONG_128x128_C2x1}))
+  assert got == [c2, c2, pick(nt, d, 2 * n), GemmConfig.PINGPONG_128x128_C2x1]
+  kern = FfiKernels(schedules={nn: c2})
+  assert kern == FfiKernels(schedules={"VARLEN_M_NN_BF16": int(c2)}) != FfiKernels()
+  assert "schedules={'VARLEN_M_NN_BF16': 'COOPERATIVE_128x256_C2x1'}" in repr(kern)
+  with pytest.raises(ValueError, match="schedules: kind must be one of .*VARLEN_M_GATHER_NN"):
+    FfiKernels(schedules={"VARLEN_M_GATHER_NN_BF16": "GATHER_COOP_128x256"})
+  with pytest.raises(ValueError, match="config must be one of .* for VARLEN_M_NT_F32"):
+    FfiKernels(schedules={"VARLEN_M_NT_F32": "COOPERATIVE_128x256_C1x1"})
+  with pytest.raises(ValueError, match="schedules: unknown kind or config"):
+    FfiKernels(schedules={"VARLEN_M_NN_BF16": "BIG_TILE"})
+  with pytest.raises(ValueError, match="schedules must be a mapping"):
+    FfiKernels(schedules=[("VARLEN_M_NN_BF16", "COOPERATIVE_128x256_C2x1")])
+
+
 def test_ffi_kernels_row_gather_switch():
   assert FfiKernels().row_gather == "scatter"  # 1.55x gather_rows on the H200 (session 12)
   assert FfiKernels(row_gather="gather") != FfiKernels()

@@ -15,9 +15,11 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``fused-gather[=<up_proj|dh>]``, ``wgrad-gather[=<dw1|dw2>]`` (``FfiKernels(wgrad_gather=True)``,
 or for one entry point),
 ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
-``dswiglu=<block|warp>``, ``gather_schedule=<tma_b|cp_async|noinc>`` and
-``combine_add=<kernel|xla>``, e.g. ``ffi:dw1-last``
-or ``ffi:fused_epilogue=dh:gather_schedule=tma_b``.
+``dswiglu=<block|warp>``, ``gather_schedule=<tma_b|cp_async|noinc>``,
+``combine_add=<kernel|xla>`` and ``schedule=<kind>@<config>`` (repeatable:
+``FfiKernels(schedules={kind: config})``), e.g. ``ffi:dw1-last``,
+``ffi:fused_epilogue=dh:gather_schedule=tma_b`` or
+``ffi:schedule=VARLEN_M_NN_BF16@COOPERATIVE_128x256_C2x1``.
 
 ``<spec>+<entry>[/<entry>...]=<spec>[+...]``: ``sonic_jax.mixed.MixedKernels``, the first spec's
 backend with the named entry points (up_proj, down_proj, combine, dh, dw2, dx_pairs, dw1) taken
@@ -58,7 +60,8 @@ def _base_configs(kern, d: int, n: int) -> dict:
 FFI_OPTIONS = ("dw1-last", "fused-gather[=<up_proj|dh>]", "wgrad-gather[=<dw1|dw2>]",
                "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
-               "gather_schedule=<tma_b|cp_async|noinc>", "combine_add=<kernel|xla>")
+               "gather_schedule=<tma_b|cp_async|noinc>", "combine_add=<kernel|xla>",
+               "schedule=<kind>@<config>")
 
 
 def _ffi_kernels(spec: str):
@@ -81,6 +84,9 @@ def _ffi_kernels(spec: str):
       kw["gather_schedule"] = o.split("=", 1)[1]
     elif o.startswith("combine_add="):
       kw["combine_add"] = o.split("=", 1)[1]
+    elif o.startswith("schedule=") and "@" in o:
+      kind, config = o.split("=", 1)[1].split("@", 1)
+      kw.setdefault("schedules", {})[kind] = config
     elif o:
       raise SystemExit(f"unknown variant {spec!r}: ffi[:<option>...] with options "
                        f"{', '.join(FFI_OPTIONS)}")

@@ -25,10 +25,12 @@ otherwise (token rounding, or ``row_gather="gather"``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 
-from sonic_jax.ffi import ops
+from sonic_jax.ffi import ops, schedules as schedules_mod
 from sonic_jax.ffi.ops import GemmKind
 from sonic_jax.kernels import ExpertKernels
 from sonic_jax.routing import RoutingPlan
@@ -85,6 +87,33 @@ GATHER_SCHEDULES = tuple(GATHER_SCHEDULE_CONFIGS)
 # s27-h100-2026-12-06.md) or "xla" (an add kernel after the combine).
 COMBINE_ADD_DEFAULT = "kernel"
 
+# The kinds FfiKernels(schedules=...) can set: the plain grouped GEMMs the backend runs (up_proj
+# and down_proj, dh, dx_pairs, dW1 / dW2 on gathered copies).
+PLAIN_KINDS = (GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_M_NT_BF16,
+               GemmKind.VARLEN_K_BF16)
+
+
+def _schedule_overrides(value) -> tuple[tuple[GemmKind, ops.GemmConfig], ...]:
+  """FfiKernels' ``schedules`` as a sorted tuple of (kind, config); ValueError naming the kind
+  or config that is not a plain kind or not instantiated for it."""
+  if value is None:
+    return ()
+  if not isinstance(value, Mapping):
+    raise ValueError(f"schedules must be a mapping {{kind: config}}, got {value!r}")
+  out = {}
+  for kind, config in value.items():
+    try:
+      kind = GemmKind[kind] if isinstance(kind, str) else GemmKind(kind)
+      config = ops.GemmConfig[config] if isinstance(config, str) else ops.GemmConfig(config)
+    except (KeyError, ValueError):
+      raise ValueError(f"schedules: unknown kind or config in {kind!r}: {config!r}") from None
+    if kind not in PLAIN_KINDS:
+      raise ValueError(f"schedules: kind must be one of {[k.name for k in PLAIN_KINDS]}, got "
+                       f"{kind.name}")
+    schedules_mod.check(kind, config)
+    out[kind] = config
+  return tuple(sorted(out.items()))
+
 
 class FfiKernels(ExpertKernels):
   """CUTLASS/CUDA kernels through the XLA FFI (bf16, Hopper sm_90a).
@@ -125,6 +154,9 @@ class FfiKernels(ExpertKernels):
   combine_add: how the dx combine takes the router's x-gradient (``moe_top_k``): "kernel" (the
   CUDA combine's fp32 sum starts from it: no add kernel) or "xla" (the combine, then XLA's add);
   the default is COMBINE_ADD_DEFAULT.
+  schedules: tile schedules for the plain grouped GEMM kinds, {kind: config} (GemmKind /
+  GemmConfig or their names, e.g. ``{"VARLEN_M_NN_BF16": "COOPERATIVE_128x256_C2x1"}``), used
+  instead of ``schedules.pick``'s for every shape; to compare schedules inside the step.
   """
 
   name = "ffi"
@@ -132,7 +164,8 @@ class FfiKernels(ExpertKernels):
   def __init__(self, fused_gather: bool | str = "auto", row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
                dswiglu: str = "warp", gather_schedule: str = "tma_b",
-               wgrad_gather: bool | str = "auto", combine_add: str = COMBINE_ADD_DEFAULT):
+               wgrad_gather: bool | str = "auto", combine_add: str = COMBINE_ADD_DEFAULT,
+               schedules: Mapping[GemmKind | str, ops.GemmConfig | str] | None = None):
     fused_epilogue = _which("fused_epilogue", fused_epilogue, FUSED_EPILOGUES)
     if gather_schedule not in GATHER_SCHEDULES:
       raise ValueError(f"gather_schedule must be one of {GATHER_SCHEDULES}, got "
@@ -155,10 +188,12 @@ class FfiKernels(ExpertKernels):
     self.gather_schedule = gather_schedule
     self.wgrad_gather = wgrad_gather
     self.combine_add_impl = combine_add
+    self.schedules = _schedule_overrides(schedules)
 
   def _key(self):
     return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
-            self.dswiglu, self.gather_schedule, self.wgrad_gather, self.combine_add_impl)
+            self.dswiglu, self.gather_schedule, self.wgrad_gather, self.combine_add_impl,
+            self.schedules)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -172,7 +207,13 @@ class FfiKernels(ExpertKernels):
     return (f"FfiKernels(fused_gather={self.fused_gather!r}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
             f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r}, "
-            f"wgrad_gather={self.wgrad_gather!r}, combine_add={self.combine_add_impl!r})")
+            f"wgrad_gather={self.wgrad_gather!r}, combine_add={self.combine_add_impl!r}"
+            + (f", schedules={ {k.name: c.name for k, c in self.schedules} }"
+               if self.schedules else "") + ")")
+
+  def _schedule(self, kind: GemmKind) -> ops.GemmConfig | None:
+    """The ``schedules`` override for ``kind``; None: ``schedules.pick`` chooses."""
+    return dict(self.schedules).get(kind)
 
   def _rows(self, src, plan):
     """src[plan.gather_idx] (P, d): scatter_rows for top-K plans with row_gather="scatter",
@@ -213,7 +254,7 @@ class FfiKernels(ExpertKernels):
     if self._names(self.fused_gather, entry, src.shape[1], n):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind,
                                        config=self._gather_config())
-    return ops.grouped_gemm(self._rows(src, plan), w, offs, kind)
+    return ops.grouped_gemm(self._rows(src, plan), w, offs, kind, config=self._schedule(kind))
 
   def _gather_config(self) -> ops.GemmConfig:
     """Config of the in-GEMM gather kernels."""
@@ -235,7 +276,8 @@ class FfiKernels(ExpertKernels):
     return (None if inference else h), a
 
   def down_proj(self, a, w2, plan):
-    return ops.grouped_gemm(a, w2, plan.group_offsets, GemmKind.VARLEN_M_NN_BF16)
+    kind = GemmKind.VARLEN_M_NN_BF16
+    return ops.grouped_gemm(a, w2, plan.group_offsets, kind, config=self._schedule(kind))
 
   def combine(self, y, plan, scores, out_dtype):
     out = ops.combine(y, plan.token_offsets, plan.reverse_idx, scores, plan.num_tokens)
@@ -262,14 +304,17 @@ class FfiKernels(ExpertKernels):
     if self._names(self.wgrad_gather, "dw2", dout.shape[1], a_prime.shape[1]):
       return ops.gathered_varlen_k(a_prime, None, dout, plan.gather_idx, offs)
     dog = self._rows(dout, plan)
-    return ops.grouped_gemm(a_prime, dog, offs, GemmKind.VARLEN_K_BF16)
+    kind = GemmKind.VARLEN_K_BF16
+    return ops.grouped_gemm(a_prime, dog, offs, kind, config=self._schedule(kind))
 
   def dx_pairs(self, dh, w1, plan):
-    return ops.grouped_gemm(dh, w1, plan.group_offsets, GemmKind.VARLEN_M_NT_BF16)
+    kind = GemmKind.VARLEN_M_NT_BF16
+    return ops.grouped_gemm(dh, w1, plan.group_offsets, kind, config=self._schedule(kind))
 
   def dw1(self, x, dh, plan):
     offs = plan.group_offsets
     if self._names(self.wgrad_gather, "dw1", x.shape[1], dh.shape[1] // 2):
       return ops.gathered_varlen_k(x, plan.gather_idx, dh, None, offs)
     xg = self._rows(x, plan)
-    return ops.grouped_gemm(xg, dh, offs, GemmKind.VARLEN_K_BF16)
+    kind = GemmKind.VARLEN_K_BF16
+    return ops.grouped_gemm(xg, dh, offs, kind, config=self._schedule(kind))
