@@ -20,11 +20,12 @@ static bool dispatch_k(int config, Fn fn) {
     default: break;
   }
   // bf16 out only (session 28, for the sweep): the 128 x 256 tile with the N-side operand's
-  // tile multicast over a 2 x 1 cluster, or both operands' over a 2 x 2 one.
+  // tile multicast over a 2 x 1 cluster, both operands' over a 2 x 2 one, or no cluster.
   if constexpr (std::is_same_v<Out, cutlass::bfloat16_t>) {
     switch (config) {
       case 1: fn(VK<Out, Cooperative128x256C2x1>{}); return true;
       case 10: fn(VK<Out, Cooperative128x256C2x2>{}); return true;
+      case 11: fn(VK<Out, Cooperative128x256C1x1>{}); return true;
       default: break;
     }
   }

@@ -15,6 +15,7 @@ static bool dispatch_nt_f32(int config, Fn fn) {
     case 0: fn(NTf32<Pingpong128x128C2x1>{}); return true;
     case 1: fn(NTf32<Cooperative128x256C2x1>{}); return true;
     case 2: fn(NTf32<Cooperative256x128C2x1>{}); return true;
+    case 11: fn(NTf32<Cooperative128x256C1x1>{}); return true;
     default: return false;
   }
 }

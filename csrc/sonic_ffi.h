@@ -34,8 +34,8 @@ enum class GemmKind : int {
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
-// config: varlen-M bf16 kinds have 0-2 and 10-12, kVarlenMNTF32 has 0-2, kVarlenMNNF32 has 0,
-// varlen-K has 0 and 3 (both outputs) and 1 and 10 (bf16), the gather kinds have 4, 5 and 7
+// config: varlen-M bf16 kinds have 0-2 and 10-12, kVarlenMNTF32 has 0-2 and 11, kVarlenMNNF32
+// has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11 (bf16), the gather kinds have 4, 5, 7
 // (cp.async producer, no cluster) and 6 (B_e by TMA over a 2x1 cluster), the gathered varlen-K
 // kind has 5, 6, 8 and 9. The workspace query returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
@@ -50,7 +50,7 @@ enum class GemmConfig : int {
   kGatherTma256x128C2x1 = 8,   // gathered varlen-K: as 6 with a 256 x 128 tile (dW2)
   kGatherTma256x128C1 = 9,     // gathered varlen-K: as 8 without the cluster
   kCooperative128x256C2x2 = 10,  // varlen-M / varlen-K bf16: A and B multicast (2x2)
-  kCooperative128x256C1x1 = 11,  // varlen-M bf16: no cluster
+  kCooperative128x256C1x1 = 11,  // varlen-M, varlen-K bf16: no cluster
   kPingpong64x256C2x1 = 12,      // varlen-M bf16: ping-pong, m64n256 per consumer
   kNumConfigs = 13,
 };

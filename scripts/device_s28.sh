@@ -5,9 +5,10 @@
 #   a target; merge and readme steps in that script's header).
 # PART=sweep (any Hopper GPU): `python -m sonic_jax.ffi.sweep --gemms-only` at 120B-n1024 and
 #   30B-n512 (T=32768, d=4096, E=128, K=8): the six plain grouped GEMMs under every instantiated
-#   schedule (the three new varlen-M bf16 ones: 128x256 over a 2x2 cluster, 128x256 without a
-#   cluster, ping-pong 64x256) next to XLA's dense matmul, then the layer step with the default
-#   and with the swept table.
+#   schedule (session 28's: 128x256 over a 2x2 cluster, 128x256 without a cluster, ping-pong
+#   64x256 for varlen-M bf16; no cluster for dh's fp32 kind and varlen-K bf16, not yet timed)
+#   next to XLA's dense matmul, then the layer step with the default and the swept table.
+#   Session 28 ran it on an H100 (benchmarks/results/s28-h100-2026-12-06.md).
 # PART=prof (any Hopper GPU): kernel profile of the ffi step with the new default schedules
 #   against ffi with the old ones (FfiKernels(schedules=...)), variants interleaved.
 # PART=tests: as device_s27.sh's (Pallas layer gradients, route mean-probs), plus the ffi GEMM

@@ -343,7 +343,7 @@ def test_ffi_kernels_schedules_override_each_plain_gemm(monkeypatch):
   with pytest.raises(ValueError, match="schedules: kind must be one of .*VARLEN_M_GATHER_NN"):
     FfiKernels(schedules={"VARLEN_M_GATHER_NN_BF16": "GATHER_COOP_128x256"})
   with pytest.raises(ValueError, match="config must be one of .* for VARLEN_M_NT_F32"):
-    FfiKernels(schedules={"VARLEN_M_NT_F32": "COOPERATIVE_128x256_C1x1"})
+    FfiKernels(schedules={"VARLEN_M_NT_F32": "PINGPONG_64x256_C2x1"})
   with pytest.raises(ValueError, match="schedules: unknown kind or config"):
     FfiKernels(schedules={"VARLEN_M_NN_BF16": "BIG_TILE"})
   with pytest.raises(ValueError, match="schedules must be a mapping"):

@@ -68,7 +68,8 @@ class GemmConfig(enum.IntEnum):
   # Session 28, for the sweep. Varlen-M bf16 kinds: the 128 x 256 tile with both operands
   # multicast over a 2 x 2 cluster, or without a cluster, and ping-pong on 64 x 256 tiles
   # (m64n256 wgmmas per consumer, each one's epilogue under the other's mainloop). Varlen-K
-  # bf16: the 2 x 2 cluster, and COOPERATIVE_128x256_C2x1.
+  # bf16: the 2 x 2 cluster, COOPERATIVE_128x256_C2x1 and no cluster; the fp32 dh kind: no
+  # cluster (added after the session's sweep, not yet timed).
   COOPERATIVE_128x256_C2x2 = 10
   COOPERATIVE_128x256_C1x1 = 11
   PINGPONG_64x256_C2x1 = 12
@@ -87,14 +88,15 @@ _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x25
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_NN_F32: (GemmConfig.PINGPONG_128x128_C2x1,),
     GemmKind.VARLEN_M_NN_BF16: _M_BF16_CONFIGS,
-    GemmKind.VARLEN_M_NT_F32: _M_CONFIGS,
+    GemmKind.VARLEN_M_NT_F32: _M_CONFIGS + (GemmConfig.COOPERATIVE_128x256_C1x1,),
     GemmKind.VARLEN_M_NT_BF16: _M_BF16_CONFIGS,
     GemmKind.VARLEN_K_F32: (GemmConfig.PINGPONG_128x128_C2x1,
                             GemmConfig.COOPERATIVE_128x256_C1x2),
     GemmKind.VARLEN_K_BF16: (GemmConfig.PINGPONG_128x128_C2x1,
                              GemmConfig.COOPERATIVE_128x256_C1x2,
                              GemmConfig.COOPERATIVE_128x256_C2x1,
-                             GemmConfig.COOPERATIVE_128x256_C2x2),
+                             GemmConfig.COOPERATIVE_128x256_C2x2,
+                             GemmConfig.COOPERATIVE_128x256_C1x1),
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
