@@ -35,6 +35,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdlib>
+#include <type_traits>
 #include <cub/block/block_scan.cuh>
 
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -82,6 +83,23 @@ struct GatherNoinc128x256 {
   using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
   static constexpr bool kTmaB = false, kNoinc = true;
 };
+// Session 28: as GatherTmaB128x256C2x1 without the cluster (each CTA loads its whole B tile by
+// TMA): the plain grouped GEMMs ran faster without their 2 x 1 cluster on the H100 (a cluster's
+// CTAs share a GPC, and each expert's M blocks are rounded up to even).
+struct GatherTmaB128x256C1 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true;
+  static constexpr int kCluster = 1;
+};
+// CTAs per cluster of a kTmaB config: 2 unless it says kCluster.
+template <class C, class = void>
+struct GatherClusterOf {
+  static constexpr int value = 2;
+};
+template <class C>
+struct GatherClusterOf<C, std::void_t<decltype(C::kCluster)>> {
+  static constexpr int value = C::kCluster;
+};
 // Gathered varlen-K only (gather_wgrad.cuh): as GatherTmaB128x256C2x1 with the tile's wide side
 // on M, for dW2, whose A' (M = n) comes by TMA and whose gathered dO rows (N = d) by cp.async:
 // each gathered row is then read by n / 256 M blocks instead of n / 128, and a stage holds 16
@@ -94,7 +112,7 @@ struct GatherTma256x128C2x1 {
 // The CUTLASS collective whose types (TiledMma, swizzled stage layouts, stage count, pipeline)
 // and consumer half (`mma`) the kernel uses: the cp.async one, or the TMA one of a 2 x 1 cluster,
 // whose PipelineTmaAsync releases a stage to both CTAs' producers.
-template <bool kTmaB, class LayoutB, class Tile>
+template <bool kTmaB, class LayoutB, class Tile, int kCluster = 2>
 struct MainloopOf {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
@@ -103,12 +121,12 @@ struct MainloopOf {
       cutlass::gemm::collective::StageCountAutoCarveout<1024>,
       cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
 };
-template <class LayoutB, class Tile>
-struct MainloopOf<true, LayoutB, Tile> {
+template <class LayoutB, class Tile, int kCluster>
+struct MainloopOf<true, LayoutB, Tile, kCluster> {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
       cutlass::layout::RowMajor, 8, cutlass::bfloat16_t, LayoutB, 8, float, Tile,
-      cute::Shape<cute::_2, cute::_1, cute::_1>,
+      cute::Shape<cute::Int<kCluster>, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<1024>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 };
@@ -180,8 +198,10 @@ struct GatherGemm {
   static constexpr bool kTmaB = Config::kTmaB;
   static constexpr bool kNoinc = Config::kNoinc;
   static_assert(!kTmaB || kNoinc, "the TMA-B schedule publishes its A copies with noinc arrivals");
-  static constexpr int kClusterM = kTmaB ? 2 : 1;  // CTAs sharing one B tile (neighbouring M)
-  using Mainloop = typename MainloopOf<kTmaB, LayoutB, Tile>::type;
+  // CTAs sharing one B tile (neighbouring M blocks): 2, or 1 for GatherTmaB128x256C1.
+  static constexpr int kClusterM = kTmaB ? GatherClusterOf<Config>::value : 1;
+  static_assert(kClusterM == 1 || kClusterM == 2, "one CTA or a pair per B tile");
+  using Mainloop = typename MainloopOf<kTmaB, LayoutB, Tile, kClusterM>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipeState = typename Mainloop::PipelineState;
@@ -294,11 +314,33 @@ struct GatherGemm {
   // experts stacked along its rows (make_tma_b); rows or columns past the tensor read as zeros,
   // and rows of the next expert met past K (NN) or N (NT) multiply A's zero-filled K residue or
   // land in accumulator columns that are never stored.
+  // Without a cluster (kClusterM == 1) the leader loads both halves into its own stage.
   static __device__ void load_b_tma(const Params& p, const TileCoord& tc, int k0, Bf16* stage_b,
                                     uint64_t* full_barrier, int rank) {
+    if constexpr (kClusterM == 1) {
+      load_b_half<false>(p, tc, k0, stage_b, full_barrier, 0);
+      load_b_half<false>(p, tc, k0, stage_b, full_barrier, 1);
+    } else {
+      load_b_half<true>(p, tc, k0, stage_b, full_barrier, rank);
+    }
+  }
+
+  // Half `rank` of the stage's B tile (the columns CTA `rank` of a cluster brings), multicast
+  // to both CTAs or into this CTA's stage only.
+  template <bool kMulticast>
+  static __device__ void load_b_half(const Params& p, const TileCoord& tc, int k0, Bf16* stage_b,
+                                     uint64_t* full_barrier, int rank) {
     constexpr uint16_t kBothCtas = 0b11;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     constexpr int kHalf = kBN / 2;
+    auto copy = [&](Bf16* dst, int c0, int c1) {
+      if constexpr (kMulticast) {
+        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, full_barrier, kBothCtas, hint, dst, c0,
+                                               c1);
+      } else {
+        cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, full_barrier, hint, dst, c0, c1);
+      }
+    };
     if constexpr (!kNT) {
       // B_e (K, ldb): boxes of 64 columns x BK rows, one per 64-column block of the stage (the
       // stage stores each such block as BK rows of 128 bytes). kSwiGLU: CTA 0 brings the gate
@@ -307,15 +349,11 @@ struct GatherGemm {
       const int col0 = kEpi == Epi::kSwiGLU ? (rank == 0 ? 0 : p.n) + tc.n0 : tc.n0 + rank * kHalf;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kHalf / 64; ++i) {
-        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, full_barrier, kBothCtas, hint,
-                                               stage_b + (rank * kHalf + i * 64) * kBK,
-                                               col0 + i * 64, row);
+        copy(stage_b + (rank * kHalf + i * 64) * kBK, col0 + i * 64, row);
       }
     } else {
       // B_e (N, K): one box of BN/2 rows x 64 columns (K-major rows of 128 bytes).
-      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, full_barrier, kBothCtas, hint,
-                                             stage_b + rank * kHalf * kBK, k0,
-                                             tc.e * p.rows_b + tc.n0 + rank * kHalf);
+      copy(stage_b + rank * kHalf * kBK, k0, tc.e * p.rows_b + tc.n0 + rank * kHalf);
     }
   }
 
@@ -672,7 +710,7 @@ struct GatherGemm {
 
     Pipeline pipe = make_pipeline(smem, wg);
     int rank = 0;
-    if constexpr (kTmaB) {
+    if constexpr (kClusterM == 2) {
       rank = static_cast<int>(cute::block_rank_in_cluster());
       // Both CTAs' barriers initialised before any multicast or remote arrival reaches them.
       cute::cluster_sync();
@@ -841,6 +879,7 @@ inline bool dispatch_config(int config, Fn fn) {
     case 5: fn(G<GatherCoop128x256>{}); return true;
     case 6: fn(G<GatherTmaB128x256C2x1>{}); return true;
     case 7: fn(G<GatherNoinc128x256>{}); return true;
+    case 13: fn(G<GatherTmaB128x256C1>{}); return true;
     default: return false;
   }
 }

@@ -36,8 +36,8 @@ enum class GemmKind : int {
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
 // config: varlen-M bf16 kinds have 0-2 and 10-12, kVarlenMNTF32 has 0-2 and 11, kVarlenMNNF32
 // has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11 (bf16), the gather kinds have 4, 5, 7
-// (cp.async producer, no cluster) and 6 (B_e by TMA over a 2x1 cluster), the gathered varlen-K
-// kind has 5, 6, 8 and 9. The workspace query returns 0 for a pair that is not instantiated.
+// (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster) and 13 (B_e by TMA, no
+// cluster), the gathered varlen-K kind has 5, 6, 8 and 9. The workspace query returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
   kCooperative128x256C2x1 = 1,
@@ -52,7 +52,8 @@ enum class GemmConfig : int {
   kCooperative128x256C2x2 = 10,  // varlen-M / varlen-K bf16: A and B multicast (2x2)
   kCooperative128x256C1x1 = 11,  // varlen-M, varlen-K bf16: no cluster
   kPingpong64x256C2x1 = 12,      // varlen-M bf16: ping-pong, m64n256 per consumer
-  kNumConfigs = 13,
+  kGatherTmaB128x256C1 = 13,     // gather kinds: as 6 without the cluster
+  kNumConfigs = 14,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.

@@ -11,6 +11,8 @@
 #   Session 28 ran it on an H100 (benchmarks/results/s28-h100-2026-12-06.md).
 # PART=prof (any Hopper GPU): kernel profile of the ffi step with the new default schedules
 #   against ffi with the old ones (FfiKernels(schedules=...)), variants interleaved.
+# PART=gather (any Hopper GPU): the in-GEMM gather schedule without a cluster (GATHER_TMA_B_128x256_C1,
+#   gather_schedule="tma_b_c1"): its GPU tests and the --fused-gather-only sweep.
 # PART=tests: as device_s27.sh's (Pallas layer gradients, route mean-probs), plus the ffi GEMM
 #   tests of every instantiated schedule (the new ones included).
 #   run(command="PART=sweep,tests bash scripts/device_s28.sh",
@@ -47,6 +49,14 @@ prof)
   OLD=schedule=VARLEN_M_NN_BF16@COOPERATIVE_128x256_C2x1:schedule=VARLEN_M_NT_BF16@COOPERATIVE_128x256_C2x1
   PROF_TAG=sched kernel_profile "${PROF_S:-400}" \
     "${PROF_CONFIGS:-paper-120B-n1024,paper-7B-n256,paper-1.4B-n512,paper-30B-n512}" "ffi,ffi:$OLD" 0.05
+  ;;
+gather)
+  # The in-GEMM gather kinds' schedule without the cluster (config 13, not yet run on a GPU):
+  # its GPU tests, then the fused-gather sweep (each gather schedule against gather_rows + GEMM,
+  # and the layer under each gather_schedule) at 120B-n1024 and 7B-n256.
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "TMA_B_128x256_C1 or tma_b_c1"
+  ffi_sweep "${SWEEP_S:-240}" gather-sweep "^config|fused|layer" --fused-gather-only \
+    --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 24576,1536,256,128,8}
   ;;
 *) echo "unknown PART $part" ;;
 esac

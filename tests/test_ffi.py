@@ -158,7 +158,8 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "GatherTma256x128C1": GemmConfig.GATHER_TMA_256x128_C1,
       "Cooperative128x256C2x2": GemmConfig.COOPERATIVE_128x256_C2x2,
       "Cooperative128x256C1x1": GemmConfig.COOPERATIVE_128x256_C1x1,
-      "Pingpong64x256C2x1": GemmConfig.PINGPONG_64x256_C2x1}
+      "Pingpong64x256C2x1": GemmConfig.PINGPONG_64x256_C2x1,
+      "GatherTmaB128x256C1": GemmConfig.GATHER_TMA_B_128x256_C1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
@@ -516,6 +517,8 @@ def test_ffi_kernels_gather_schedule_switch():
   assert (FfiKernels(gather_schedule="cp_async")._gather_config() ==
           GemmConfig.GATHER_COOP_128x256)
   assert FfiKernels(gather_schedule="noinc")._gather_config() == GemmConfig.GATHER_NOINC_128x256
+  assert (FfiKernels(gather_schedule="tma_b_c1")._gather_config() ==
+          GemmConfig.GATHER_TMA_B_128x256_C1)
   with pytest.raises(ValueError, match="gather_schedule must be one of"):
     FfiKernels(gather_schedule="tma")
 

@@ -77,6 +77,7 @@ GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
     "tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1,
     "cp_async": ops.GemmConfig.GATHER_COOP_128x256,
     "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
+    "tma_b_c1": ops.GemmConfig.GATHER_TMA_B_128x256_C1,
 }
 GATHER_SCHEDULES = tuple(GATHER_SCHEDULE_CONFIGS)
 
@@ -134,8 +135,9 @@ class FfiKernels(ExpertKernels):
   gather_schedule: the schedule of the kernels that gather rows inside the GEMM (``fused_gather``,
   ``fused_epilogue``), one of GATHER_SCHEDULES: "tma_b" (the default: the producer never waits
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
-  weight bytes from L2 per CTA), "cp_async" (the session-6 kernel) or "noinc" (cp.async weights,
-  noinc publication). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 /
+  weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
+  noinc publication) or "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
+  tile; session 28, not yet run on a GPU). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 /
   4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM 7.04 and 4.09); the
   layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session 18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM

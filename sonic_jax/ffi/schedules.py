@@ -73,6 +73,9 @@ class GemmConfig(enum.IntEnum):
   COOPERATIVE_128x256_C2x2 = 10
   COOPERATIVE_128x256_C1x1 = 11
   PINGPONG_64x256_C2x1 = 12
+  # Gather kinds (session 28, not yet run on a GPU): GATHER_TMA_B_128x256_C2x1 without the
+  # cluster, each CTA loading its whole B_e tile by TMA.
+  GATHER_TMA_B_128x256_C1 = 13
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -82,7 +85,8 @@ _M_BF16_CONFIGS = _M_CONFIGS + (GemmConfig.COOPERATIVE_128x256_C2x2,
                                 GemmConfig.PINGPONG_64x256_C2x1)
 
 _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
-                   GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256)
+                   GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256,
+                   GemmConfig.GATHER_TMA_B_128x256_C1)
 
 # The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
