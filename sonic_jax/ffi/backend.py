@@ -137,9 +137,10 @@ class FfiKernels(ExpertKernels):
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
   weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
   noinc publication) or "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
-  tile; session 28, not yet run on a GPU). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 /
-  4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM 7.04 and 4.09); the
-  layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session 18).
+  tile; session 28, not yet run on a GPU). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 /
+  10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM
+  7.04 and 4.09); the layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session
+  18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
   (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
   2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
