@@ -147,3 +147,24 @@ wgrad_ncu() {
   grep -E "gather_wgrad_kernel|device_kernel|^    Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  |highest-utilized|rel\(" \
     "$log" | cut -c1-160 | head -70
 }
+
+# h200_bench TOTAL_S TAG: the layer benchmark of pallas and ffi at the configs that miss a
+# target in the README ($BENCH_CONFIGS; DeepSeek-V3-like needs the H200's memory), on an H200
+# only (the README table's rows are H200 rows).
+h200_bench() {
+  if grep -q H200 "$OUT/gpu.txt"; then
+    BACKENDS=pallas,ffi layer_bench "$1" "$2" \
+      ${BENCH_CONFIGS:-paper-7B-n256 paper-1.4B-n512 paper-120B-n512 paper-120B-n1024 \
+        paper-30B-n512 paper-1.4B-n256 paper-30B-n256 paper-120B-n2048 DeepSeek-V3-like}
+  else
+    echo "not an H200: skipped"
+  fi
+}
+
+# layer_gradient_tests SECONDS: the Pallas layer gradients against the float32 reference at
+# real sizes and the router's mean-probability gradients on the GPU.
+layer_gradient_tests() {
+  gpu_tests "$1" tests/test_pallas_backward.py tests/test_router_top_k.py \
+    -k "test_gpu_layer_gradients_match_float32 or test_gpu_route_mean_probs"
+  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
+}

@@ -26,18 +26,10 @@ PART=${PART:-tests,mix}
 for part in ${PART//,/ }; do
 case $part in
 tests)
-  gpu_tests "${TEST_S:-150}" tests/test_pallas_backward.py tests/test_router_top_k.py \
-    -k "test_gpu_layer_gradients_match_float32 or test_gpu_route_mean_probs"
-  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
+  layer_gradient_tests "${TEST_S:-150}"
   ;;
 bench)
-  if grep -q H200 "$OUT/gpu.txt"; then
-    BACKENDS=pallas,ffi layer_bench "${TOTAL_S:-560}" "${BENCH_TAG:-s27}" \
-      ${BENCH_CONFIGS:-paper-7B-n256 paper-1.4B-n512 paper-120B-n512 paper-120B-n1024 \
-        paper-30B-n512 paper-1.4B-n256 paper-30B-n256 paper-120B-n2048 DeepSeek-V3-like}
-  else
-    echo "not an H200: skipped"
-  fi
+  h200_bench "${TOTAL_S:-560}" "${BENCH_TAG:-s27}"
   ;;
 mix)
   PROF_TAG=mix kernel_profile "${PROF_S:-300}" "${MIX_CONFIGS:-paper-1.4B-n512,paper-7B-n256}" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 28's device calls (carry the built library, ABI 12: sonic_jax/ffi/libsonic_jax_cuda.so).
+# Session 28's device calls (carry the built library, ABI 13: sonic_jax/ffi/libsonic_jax_cuda.so).
 # PART=bench (an H200 only; the README table's rows are H200 rows): as scripts/device_s27.sh's
 #   bench part (the layer benchmark of pallas and ffi through moe_top_k at the configs that miss
 #   a target; merge and readme steps in that script's header).
@@ -31,18 +31,10 @@ sweep)
 tests)
   gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "every_gemm_schedule"
   cp "$OUT/gpu-tests.log" "$OUT/gpu-tests-ffi.log"
-  gpu_tests "${TEST_S:-150}" tests/test_pallas_backward.py tests/test_router_top_k.py \
-    -k "test_gpu_layer_gradients_match_float32 or test_gpu_route_mean_probs"
-  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
+  layer_gradient_tests "${TEST_S:-150}"
   ;;
 bench)
-  if grep -q H200 "$OUT/gpu.txt"; then
-    BACKENDS=pallas,ffi layer_bench "${TOTAL_S:-530}" "${BENCH_TAG:-s28}" \
-      ${BENCH_CONFIGS:-paper-7B-n256 paper-1.4B-n512 paper-120B-n512 paper-120B-n1024 \
-        paper-30B-n512 paper-1.4B-n256 paper-30B-n256 paper-120B-n2048 DeepSeek-V3-like}
-  else
-    echo "not an H200: skipped"
-  fi
+  h200_bench "${TOTAL_S:-530}" "${BENCH_TAG:-s28}"
   ;;
 prof)
   # The ffi step with the new varlen-M defaults (no cluster) against the old ones (2 x 1).
