@@ -91,7 +91,7 @@ struct GatherTmaB128x256C1 {
   static constexpr bool kTmaB = true, kNoinc = true;
   static constexpr int kCluster = 1;
 };
-// CTAs per cluster of a kTmaB config: 2 unless it says kCluster.
+// CTAs per cluster of a TMA config (here and in gather_wgrad.cuh): 2 unless it says kCluster.
 template <class C, class = void>
 struct GatherClusterOf {
   static constexpr int value = 2;

@@ -93,17 +93,7 @@ struct WgradMainloopOf<true, Tile, kCluster> {
 struct GatherTma256x128C1 {
   using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
   static constexpr bool kTmaB = true, kNoinc = true;
-  static constexpr int kWgradCluster = 1;
-};
-
-// CTAs per TMA tile of a gathered varlen-K config: Config::kWgradCluster, else 2.
-template <class C, class = void>
-struct WgradClusterOf {
-  static constexpr int value = 2;
-};
-template <class C>
-struct WgradClusterOf<C, std::void_t<decltype(C::kWgradCluster)>> {
-  static constexpr int value = C::kWgradCluster;
+  static constexpr int kCluster = 1;
 };
 
 // kTmaSide: 0 (config 5: both operands by cp.async), 1 (configs 6, 8, 9, A by TMA: a_idx must
@@ -117,7 +107,7 @@ struct GatherWgrad {
                 "cp.async with a lag (config 5) or one operand by TMA, noinc arrivals (6)");
   // CTAs sharing the TMA operand's tile: 2 (multicast) unless the config says 1 (config 9:
   // each CTA loads the whole tile, so no CTA waits for its partner's gathered rows).
-  static constexpr int kCluster = kTma ? WgradClusterOf<Config>::value : 1;
+  static constexpr int kCluster = kTma ? GatherClusterOf<Config>::value : 1;
   static_assert(kCluster == 1 || kCluster == 2, "one CTA or a pair per TMA tile");
   static constexpr int kBM = cute::size<0>(Tile{});
   static constexpr int kBN = cute::size<1>(Tile{});
