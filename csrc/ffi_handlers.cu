@@ -163,6 +163,7 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   } else {
     const bool nt = k == GemmKind::kVarlenMNTF32 || k == GemmKind::kVarlenMNTBf16;
     p.k = static_cast<int>(ad[1]);
+    p.src_rows = ad[0];  // config 14 describes all of A's rows in one TMA descriptor
     p.n = static_cast<int>(bd.size() == 3 ? (nt ? bd[1] : bd[2]) : -1);
     const int64_t bk = bd.size() == 3 ? (nt ? bd[2] : bd[1]) : -1;
     if (auto e = check(bd.size() == 3 && bd[0] == num_groups && bk == p.k && dd.size() == 2 &&
@@ -667,7 +668,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineAdd, CombineAddImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 13; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 14; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown
@@ -683,7 +684,8 @@ __attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(in
 // 1 when every gathered GEMM instantiation's layout assumptions hold (host only, no GPU).
 __attribute__((visibility("default"))) int sonic_jax_check_layouts() {
   return sonic::varlen_m_gather_layouts_ok() && sonic::varlen_m_fused_layouts_ok() &&
-                 sonic::varlen_k_gather_layouts_ok()
+                 sonic::varlen_k_gather_layouts_ok() && sonic::varlen_m_nn_layouts_ok() &&
+                 sonic::varlen_m_nt_bf16_layouts_ok()
              ? 1
              : 0;
 }

@@ -91,6 +91,25 @@ struct GatherTmaB128x256C1 {
   static constexpr bool kTmaB = true, kNoinc = true;
   static constexpr int kCluster = 1;
 };
+// Session 29, for the plain varlen-M bf16 kinds (no gather: sonic::GemmConfig 14): A by TMA too,
+// from one descriptor over all P rows, and B_e from the stacked-experts descriptor, so nothing
+// is rewritten when a CTA moves to another expert (CUTLASS's ptr-array kernel updates its
+// per-group tensor maps in the mainloop; each CTA changes expert every two or three tiles at
+// E = 128). Only the leader thread of the producer warpgroup issues copies.
+struct TmaAB128x256C1 {
+  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true, kTmaA = true;
+  static constexpr int kCluster = 1;
+};
+// Whether a config loads A by TMA (TmaAB128x256C1): false unless it says kTmaA.
+template <class C, class = void>
+struct TmaAOf {
+  static constexpr bool value = false;
+};
+template <class C>
+struct TmaAOf<C, std::void_t<decltype(C::kTmaA)>> {
+  static constexpr bool value = C::kTmaA;
+};
 // CTAs per cluster of a TMA config (here and in gather_wgrad.cuh): 2 unless it says kCluster.
 template <class C, class = void>
 struct GatherClusterOf {
@@ -201,6 +220,10 @@ struct GatherGemm {
   // CTAs sharing one B tile (neighbouring M blocks): 2, or 1 for GatherTmaB128x256C1.
   static constexpr int kClusterM = kTmaB ? GatherClusterOf<Config>::value : 1;
   static_assert(kClusterM == 1 || kClusterM == 2, "one CTA or a pair per B tile");
+  // A by TMA as well (no gather): the producer's leader thread issues every copy.
+  static constexpr bool kTmaA = TmaAOf<Config>::value;
+  static_assert(!kTmaA || (kTmaB && kClusterM == 1 && kEpi == Epi::kStore),
+                "A by TMA: plain epilogue, B by TMA, no cluster");
   using Mainloop = typename MainloopOf<kTmaB, LayoutB, Tile, kClusterM>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
@@ -212,6 +235,8 @@ struct GatherGemm {
   static_assert(cute::is_same_v<TiledMma, CpAsyncTiledMma>,
                 "the TMA schedule must keep the cp.async schedule's accumulator layout");
   static constexpr int kBStageBytes = kBN * kBK * int(sizeof(Bf16));
+  static constexpr int kAStageBytes = kBM * kBK * int(sizeof(Bf16));
+  static_assert(!kTmaA || (kBK == 64 && kBM <= 256), "TMA A boxes: 64 columns x BM <= 256 rows");
   // TMA boxes of B: 64 bf16 (one 128-byte swizzle row) along the contiguous dimension.
   static_assert(!kTmaB || (kBK == 64 && kBN % 128 == 0), "TMA B boxes need BK = 64, BN % 128 == 0");
   static_assert(kBM * kBK * int(sizeof(Bf16)) * Pipeline::Stages % 1024 == 0,
@@ -234,6 +259,7 @@ struct GatherGemm {
 
   struct Params {
     cute::TmaDescriptor tma_b;       // kTmaB: B as 2-D rows (make_tma_b), 64-byte aligned
+    cute::TmaDescriptor tma_a;       // kTmaA: src (P, K), boxes of 64 columns x BM rows
     const Bf16* src;                 // (T, K); (P, K) when gather_idx is null
     const int32_t* gather_idx;       // (P,), or null: row p of src
     const Bf16* b;                   // (E, K, ldb) or (E, N, K)
@@ -354,6 +380,25 @@ struct GatherGemm {
     } else {
       // B_e (N, K): one box of BN/2 rows x 64 columns (K-major rows of 128 bytes).
       copy(stage_b + rank * kHalf * kBK, k0, tc.e * p.rows_b + tc.n0 + rank * kHalf);
+    }
+  }
+
+  // kTmaA, leader thread: one stage per K block, the A box at the tile's first row (rows past
+  // the group end belong to the next expert or read as zeros past P: their accumulator rows are
+  // never stored) and the B tile; the full barrier expects both (make_pipeline).
+  static __device__ void load_tile_tma(const Params& p, const TileCoord& tc, Pipeline& pipe,
+                                       PipeState& state, typename Mainloop::TensorStorage& smem,
+                                       int k_tiles) {
+    const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      pipe.producer_acquire(state);
+      const int stage = state.index();
+      uint64_t* full = pipe.producer_get_barrier(state);
+      const int k0 = kt * kBK;
+      cute::SM90_TMA_LOAD_2D::copy(&p.tma_a, full, hint, smem.smem_A.data() + stage * (kBM * kBK),
+                                   k0, tc.row0);
+      load_b_tma(p, tc, k0, smem.smem_B.data() + stage * (kBN * kBK), full, 0);
+      ++state;
     }
   }
 
@@ -643,6 +688,17 @@ struct GatherGemm {
     }
   }
 
+  // kTmaA: as tma_b_layout_ok for the A boxes (64 K columns x BM rows, K-major).
+  static bool tma_a_layout_ok() {
+    if constexpr (!kTmaA) {
+      return true;
+    } else {
+      return stage_layout_is<SmemLayoutA>(kBM, kBK, Pipeline::Stages, [](int m, int k) {
+        return tma_swizzle_128b(k + 64 * m);
+      });
+    }
+  }
+
   // kNoinc consumers: CUTLASS's `mma` has no place for the proxy fence the noinc publication
   // needs (the producer thread cannot fence copies it never waits for), so this is the same
   // WGMMA loop with it: wait for stage s, fence, issue its wgmmas, then release stage s - 1 once
@@ -662,7 +718,8 @@ struct GatherGemm {
     warpgroup_fence_operand(acc);
     for (int kt = 0; kt < k_tiles; ++kt) {
       pipe.consumer_wait(rd);
-      cutlass::arch::fence_view_async_shared();  // cp.async writes (generic) -> wgmma reads
+      // cp.async writes (generic proxy) -> wgmma reads; TMA writes are async-proxy already.
+      if constexpr (!kTmaA) cutlass::arch::fence_view_async_shared();
       const int s = rd.index();
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
@@ -688,7 +745,13 @@ struct GatherGemm {
   static __device__ Pipeline make_pipeline(SharedStorage& smem, int wg) {
     typename Pipeline::Params pp;
     pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-    if constexpr (kTmaB) {
+    if constexpr (kTmaA) {
+      pp.is_leader = threadIdx.x == 0;
+      pp.num_consumers = kMmaThreads;
+      pp.num_producers = 1;  // the leader's arrive_and_expect_tx only
+      pp.transaction_bytes = kAStageBytes + kBStageBytes;
+      return Pipeline(smem.pipeline, pp, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+    } else if constexpr (kTmaB) {
       pp.is_leader = threadIdx.x == 0;
       pp.num_consumers = kMmaThreads;
       // Every producer thread arrives once its A copies landed (noinc), the leader once more
@@ -731,13 +794,24 @@ struct GatherGemm {
       if constexpr (kTmaB) {
         if (tid == 0) cute::prefetch_tma_descriptor(&p.tma_b);
       }
-      for (int tile = first; tile < total; tile += step) {
-        load_tile(p, locate(p, tile, n_tiles, rank), pipe, state, pub, smem.tensors, tid, k_tiles,
-                  rank);
+      if constexpr (kTmaA) {
+        // One thread issues every copy; the rest of the warpgroup has nothing to do.
+        if (tid == 0) {
+          cute::prefetch_tma_descriptor(&p.tma_a);
+          for (int tile = first; tile < total; tile += step) {
+            load_tile_tma(p, locate(p, tile, n_tiles, rank), pipe, state, smem.tensors, k_tiles);
+          }
+          pipe.producer_tail(state);
+        }
+      } else {
+        for (int tile = first; tile < total; tile += step) {
+          load_tile(p, locate(p, tile, n_tiles, rank), pipe, state, pub, smem.tensors, tid,
+                    k_tiles, rank);
+        }
+        if constexpr (!kNoinc) pub.flush(pipe);
+        // The consumers (of both CTAs, with kTmaB) release every stage before the CTA exits.
+        pipe.producer_tail(state);
       }
-      if constexpr (!kNoinc) pub.flush(pipe);
-      // The consumers (of both CTAs, with kTmaB) release every stage before the CTA exits.
-      pipe.producer_tail(state);
     } else {
       PipeState state;
       const int mma_tid = threadIdx.x - kProducerThreads;
@@ -913,7 +987,8 @@ struct Launcher {
              std::to_string(workspace_bytes(p.num_groups)) + " bytes";
     }
     // Checked once per instantiation: a CUTLASS layout change must not silently mix columns.
-    static const bool layout_checked = (!G::kFused || G::layout_ok()) && G::tma_b_layout_ok();
+    static const bool layout_checked =
+        (!G::kFused || G::layout_ok()) && G::tma_b_layout_ok() && G::tma_a_layout_ok();
     if (!layout_checked) return "shared-memory or accumulator layout differs from what it needs";
     auto* tile_start = static_cast<int32_t*>(p.workspace);
     const int n_tiles = (p.n + G::kTileN - 1) / G::kTileN;
@@ -949,6 +1024,13 @@ struct Launcher {
     kp.rows_b = G::kNTLayout ? p.n : p.k;
     if constexpr (G::kTmaB) {
       std::string tma_err = make_tma_b(p, b_cols, &kp.tma_b);
+      if (!tma_err.empty()) return tma_err;
+    }
+    if constexpr (G::kTmaA) {
+      if (p.gather_idx != nullptr) return "A by TMA reads rows in order: no gather indices";
+      if (p.src_rows < 1) return "A by TMA needs the rows of A (src_rows)";
+      std::string tma_err = encode_tma_2d(p.a, p.k, uint64_t(p.src_rows), G::kBM, &kp.tma_a,
+                                          "cuTensorMapEncodeTiled for A");
       if (!tma_err.empty()) return tma_err;
     }
 

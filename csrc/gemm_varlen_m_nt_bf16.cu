@@ -1,4 +1,5 @@
 // Varlen-M grouped GEMM, B_e (N, K) row-major used transposed, bf16 output: dx_pairs (dH·W1ᵀ).
+#include "gather_gemm.cuh"
 #include "grouped_gemm.cuh"
 
 namespace sonic {
@@ -6,8 +7,13 @@ namespace detail {
 template <class Config>
 using NTbf16 = VarlenM<GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor,
                                     cutlass::bfloat16_t, Config>>;
+// Config 14: gather_gemm.cuh's kernel with A and B_e by TMA (no gather, no per-group tensor maps).
+template <class Config>
+using TmaNT = gather::Launcher<gather::GatherGemm<true, cutlass::bfloat16_t, Config,
+                                                  gather::Epi::kStore>>;
 }  // namespace detail
 using namespace detail;
+using gather::TmaAB128x256C1;
 
 template <class Fn>
 static bool dispatch_nt_bf16(int config, Fn fn) {
@@ -18,8 +24,14 @@ static bool dispatch_nt_bf16(int config, Fn fn) {
     case 10: fn(NTbf16<Cooperative128x256C2x2>{}); return true;
     case 11: fn(NTbf16<Cooperative128x256C1x1>{}); return true;
     case 12: fn(NTbf16<Pingpong64x256C2x1>{}); return true;
+    case 14: fn(TmaNT<TmaAB128x256C1>{}); return true;
     default: return false;
   }
+}
+
+bool varlen_m_nt_bf16_layouts_ok() {
+  using G = TmaNT<TmaAB128x256C1>::Gemm;
+  return G::tma_a_layout_ok() && G::tma_b_layout_ok();
 }
 
 size_t varlen_m_nt_bf16_workspace_bytes(int config, int num_groups) {

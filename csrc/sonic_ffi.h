@@ -34,7 +34,7 @@ enum class GemmKind : int {
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
-// config: varlen-M bf16 kinds have 0-2 and 10-12, kVarlenMNTF32 has 0-2 and 11, kVarlenMNNF32
+// config: varlen-M bf16 kinds have 0-2, 10-12 and 14, kVarlenMNTF32 has 0-2 and 11, kVarlenMNNF32
 // has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11 (bf16), the gather kinds have 4, 5, 7
 // (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster) and 13 (B_e by TMA, no
 // cluster), the gathered varlen-K kind has 5, 6, 8 and 9. The workspace query returns 0 for a
@@ -54,7 +54,8 @@ enum class GemmConfig : int {
   kCooperative128x256C1x1 = 11,  // varlen-M, varlen-K bf16: no cluster
   kPingpong64x256C2x1 = 12,      // varlen-M bf16: ping-pong, m64n256 per consumer
   kGatherTmaB128x256C1 = 13,     // gather kinds: as 6 without the cluster
-  kNumConfigs = 14,
+  kTmaAB128x256C1 = 14,          // varlen-M bf16: the gather kernel with A and B_e by TMA
+  kNumConfigs = 15,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.
@@ -124,6 +125,8 @@ size_t varlen_m_fused_workspace_bytes(bool dswiglu, int config, int num_groups);
 // fused epilogues, TMA boxes against the WGMMA stage layout); no GPU needed.
 bool varlen_m_gather_layouts_ok();
 bool varlen_m_fused_layouts_ok();
+bool varlen_m_nn_layouts_ok();       // config 14's TMA boxes (A and B_e by TMA)
+bool varlen_m_nt_bf16_layouts_ok();
 std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams& p,
                                cudaStream_t stream);
 // kVarlenKGatherBf16: p.a (a_rows, m), p.b (b_rows, n), p.d (E, m, n); row p of the groups reads

@@ -144,7 +144,7 @@ def test_gemm_kinds_match_the_header():
 
 def test_gemm_configs_match_the_header_and_the_instantiations():
   text = (CSRC / "sonic_ffi.h").read_text()
-  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|Gather)\w+) = (\d+)", text))
+  enum = dict(re.findall(r"\bk((?:Pingpong|Cooperative|Gather|Tma)\w+) = (\d+)", text))
   assert {k: int(v) for k, v in enum.items()} == {
       "Pingpong128x128C2x1": GemmConfig.PINGPONG_128x128_C2x1,
       "Cooperative128x256C2x1": GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -159,10 +159,11 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "Cooperative128x256C2x2": GemmConfig.COOPERATIVE_128x256_C2x2,
       "Cooperative128x256C1x1": GemmConfig.COOPERATIVE_128x256_C1x1,
       "Pingpong64x256C2x1": GemmConfig.PINGPONG_64x256_C2x1,
-      "GatherTmaB128x256C1": GemmConfig.GATHER_TMA_B_128x256_C1}
+      "GatherTmaB128x256C1": GemmConfig.GATHER_TMA_B_128x256_C1,
+      "TmaAB128x256C1": GemmConfig.TMA_AB_128x256_C1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
-  names = {c.value: re.sub(r"_", "", c.name.title()).replace("X", "x") for c in GemmConfig}
+  names = {c.value: c.name.replace("_", "").lower() for c in GemmConfig}
   def cases(path, start=None):
     body = (CSRC / path).read_text()
     if start is not None:  # one dispatch function of a TU that has several
@@ -182,7 +183,7 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_NT_F32),
       ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_SWIGLU),
       ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_DSWIGLU)):
-    got = [(int(i), name) for i, name in cases(path, start)]
+    got = [(int(i), name.lower()) for i, name in cases(path, start)]
     want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
     assert got == want, (path, kind, got, want)
   # The gathered varlen-K TU builds one schedule, not through a case switch.
@@ -190,6 +191,7 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
   switch = body[body.index("switch (config)"):body.index("default:")]
   got = {int(case): set(re.findall(r"(?:WgradBf16|dispatch_tma_side)<gather::(\w+)\W", text))
          for case, text in re.findall(r"case (\d):(.*?)(?=case \d:|$)", switch, re.S)}
+  got = {case: {name.lower() for name in found} for case, found in got.items()}
   assert got == {int(c): {names[c.value]}
                  for c in schedules.INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]}, got
   # Every default and measured pick is instantiated.

@@ -27,7 +27,7 @@ TARGETS = {
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
     "sonic_jax_combine_add": "SonicCombineAdd",
 }
-ABI_VERSION = 13
+ABI_VERSION = 14
 
 
 def _search_dirs() -> list[pathlib.Path]:

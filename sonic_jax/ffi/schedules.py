@@ -76,13 +76,20 @@ class GemmConfig(enum.IntEnum):
   # Gather kinds (session 28, not yet run on a GPU): GATHER_TMA_B_128x256_C2x1 without the
   # cluster, each CTA loading its whole B_e tile by TMA.
   GATHER_TMA_B_128x256_C1 = 13
+  # Plain varlen-M bf16 kinds (session 29, not yet run on a GPU): the gather kernel's mainloop
+  # with A (one TMA descriptor over all rows) and B_e (the stacked-experts descriptor) by TMA,
+  # no cluster. CUTLASS's ptr-array kernel rewrites per-group tensor maps whenever a CTA moves
+  # to another expert; this one never does, and masks each tile's rows past its group at the
+  # store.
+  TMA_AB_128x256_C1 = 14
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
               GemmConfig.COOPERATIVE_256x128_C2x1)
 _M_BF16_CONFIGS = _M_CONFIGS + (GemmConfig.COOPERATIVE_128x256_C2x2,
                                 GemmConfig.COOPERATIVE_128x256_C1x1,
-                                GemmConfig.PINGPONG_64x256_C2x1)
+                                GemmConfig.PINGPONG_64x256_C2x1,
+                                GemmConfig.TMA_AB_128x256_C1)
 
 _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
                    GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256,
