@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 28's device calls (carry the built library, ABI 13: sonic_jax/ffi/libsonic_jax_cuda.so).
+# Session 28's device calls (carry the built library, ABI 14 since session 29:
+#   sonic_jax/ffi/libsonic_jax_cuda.so).
 # PART=bench (an H200 only; the README table's rows are H200 rows): as scripts/device_s27.sh's
 #   bench part (the layer benchmark of pallas and ffi through moe_top_k at the configs that miss
 #   a target; merge and readme steps in that script's header).

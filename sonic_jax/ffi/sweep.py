@@ -75,10 +75,25 @@ def _layer_rows(moe, x, router_w, w1, w2, cot, k):
            18 * t * k * d * n)]
 
 
-def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False, gemms_only=False):
+def _configs_to_time(kind, only):
+  """The schedules of `kind` a sweep times: every instantiated one, or with `only` (config
+  names) the kind's default first (the reference) and those of `only` it instantiates; none
+  when it instantiates none of them."""
+  cfgs = schedules.INSTANTIATED[kind]
+  if only is None:
+    return cfgs
+  named = [c for c in cfgs if c.name in only]
+  if not named:
+    return ()
+  default = schedules.DEFAULT[kind]
+  return (default, *(c for c in named if c != default))
+
+
+def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False, gemms_only=False, only=None):
   """One (T, d, n, E, K): sweep (every schedule) or only the layer; fused_only: the fused-gather
   GEMMs against gather_rows + GEMM and the layer with and without the fused gather; gemms_only:
-  the plain GEMMs under every schedule and the layer with the default and the swept table."""
+  the plain GEMMs under every schedule and the layer with the default and the swept table;
+  only: config names, to time just those (and each kind's default) in the GEMM sweep."""
   full = sweep and not fused_only
   ks = jax.random.split(jax.random.key(0), 8)
   plan = route_logits(jax.random.normal(ks[0], (t, e), jnp.float32), top_k=k)
@@ -119,10 +134,12 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False, gemms_only=Fa
   out, best = [], {}
   valid = np.arange(plan.capacity) < rows
   for name, kind, args, dims, fd, dargs, flops in (cases if full else []):
+    if not _configs_to_time(kind, only):
+      continue
     ms_d, timer_d, _ = gpu_ms(fd, *dargs, iters=iters)
     ref = None
     timings = {}
-    for cfg in schedules.INSTANTIATED[kind]:
+    for cfg in _configs_to_time(kind, only):
       f = jax.jit(lambda l, r, o, c=int(cfg), kd=kind: ops.grouped_gemm(l, r, o, kd, config=c))
       ms, timer, res = gpu_ms(f, *args, offs, iters=iters)
       if kind not in schedules.VARLEN_K_KINDS:
@@ -364,6 +381,10 @@ def main(argv=None):
   ap.add_argument("--gemms-only", action="store_true",
                   help="only the plain grouped GEMMs under every schedule and the layer with the "
                        "default and the swept schedules table")
+  ap.add_argument("--only-schedules", nargs="+", default=None, metavar="CONFIG",
+                  choices=[c.name for c in schedules.GemmConfig],
+                  help="with --gemms-only: time only these GemmConfig names, next to each "
+                       "kind's default (kinds that build none of them are skipped)")
   ap.add_argument("--elementwise-only", action="store_true",
                   help="only the dSwiGLU (block / warp per row) and SwiGLU kernels, with their "
                        "bandwidth")
@@ -383,7 +404,7 @@ def main(argv=None):
     else:
       rows, picks = run_config(t, d, n, e, k, args.iters, sweep=not args.layer_only,
                                fused_only=args.fused_gather_only,
-                               gemms_only=args.gemms_only)
+                               gemms_only=args.gemms_only, only=args.only_schedules)
     report["results"].append(dict(config=dict(T=t, d=d, n=n, E=e, K=k), rows=rows,
                                   picks=picks))
     if args.json:  # after every config, so a timeout keeps what finished

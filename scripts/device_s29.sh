@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 29's device calls (carry the built library, ABI 14: sonic_jax/ffi/libsonic_jax_cuda.so).
+# PART=tma (any Hopper GPU): GemmConfig 14 (TMA_AB_128x256_C1, the gather kernel with A and B_e
+#   by TMA, not yet run on a GPU): its GPU tests against ragged_dot (topk, empty experts, one
+#   expert), then `python -m sonic_jax.ffi.sweep --gemms-only --only-schedules TMA_AB_128x256_C1`
+#   at 120B-n1024 and 30B-n512 (up_proj, down_proj and dx_pairs under their default and config
+#   14, the layer with the default and the swept table).
+# PART=bench|prof|gather|sweep|tests: as scripts/device_s28.sh.
+#   run(command="PART=tma,prof bash scripts/device_s29.sh",
+#       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s29_out}
+begin_call
+PART=${PART:-tma}
+for part in ${PART//,/ }; do
+case $part in
+tma)
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "TMA_AB"
+  cp "$OUT/gpu-tests.log" "$OUT/gpu-tests-tma.log"
+  ffi_sweep "${SWEEP_S:-200}" tma-sweep "^config|  (down_proj|up_proj|dx_pairs|layer)|MEASURED" \
+    --gemms-only --only-schedules TMA_AB_128x256_C1 \
+    --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 32768,4096,512,128,8}
+  ;;
+bench|prof|gather|sweep|tests)
+  OUT=$OUT PART=$part bash scripts/device_s28.sh | grep -v "^== \[.*\] done"
+  ;;
+*) echo "unknown PART $part" ;;
+esac
+done
+echo "== [$(since) s] done"
