@@ -23,59 +23,30 @@ namespace sonic {
 // Ping-pong: two consumer warpgroups on alternate tiles, so one's epilogue hides under the
 // other's mainloop (good for fp32 outputs). Cooperative: both warpgroups split one larger tile.
 // A cluster of 2 along M multicasts the B (weight) tile; 2 along N multicasts the A tile.
-struct Pingpong128x128C2x1 {
-  using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+template <int kM, int kN, int kClusterM, int kClusterN, bool kPingpong>
+struct TileConfig {
+  using Tile = cute::Shape<cute::Int<kM>, cute::Int<kN>, cute::_64>;
+  using Cluster = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
+  using Kernel = cute::conditional_t<kPingpong,
+                                     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                                     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using Epilogue = cute::conditional_t<kPingpong,
+                                       cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
 };
 
-struct Cooperative128x256C2x1 {
-  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
-struct Cooperative256x128C2x1 {
-  using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
-struct Cooperative128x256C1x2 {
-  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
+using Pingpong128x128C2x1 = TileConfig<128, 128, 2, 1, true>;
+using Cooperative128x256C2x1 = TileConfig<128, 256, 2, 1, false>;
+using Cooperative256x128C2x1 = TileConfig<256, 128, 2, 1, false>;
+using Cooperative128x256C1x2 = TileConfig<128, 256, 1, 2, false>;
 // Session 28 (varlen-M bf16 kinds only, for the sweep): both operands multicast over a 2 x 2
 // cluster (half the A and half the B bytes from L2 per CTA), the 128 x 256 tile without a
 // cluster, and ping-pong on 64 x 256 tiles (each consumer runs m64n256 wgmmas, as in the
 // cooperative 128 x 256 tile, and its epilogue hides under the other's mainloop: down_proj's
 // short contraction, K = n, leaves the cooperative tile's epilogue exposed).
-struct Cooperative128x256C2x2 {
-  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_2, cute::_2, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
-struct Cooperative128x256C1x1 {
-  using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
-struct Pingpong64x256C2x1 {
-  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+using Cooperative128x256C2x2 = TileConfig<128, 256, 2, 2, false>;
+using Cooperative128x256C1x1 = TileConfig<128, 256, 1, 1, false>;
+using Pingpong64x256C2x1 = TileConfig<64, 256, 2, 1, true>;
 
 // LayoutA / LayoutB in CUTLASS 2.x terms: A is (M, K), B is (K, N); D is always row-major.
 template <class LayoutA, class LayoutB, class ElementD, class Config>
