@@ -5,7 +5,9 @@
 #   expert), then `python -m sonic_jax.ffi.sweep --gemms-only --only-schedules TMA_AB_128x256_C1`
 #   at 120B-n1024 and 30B-n512 (up_proj, down_proj and dx_pairs under their default and config
 #   14, the layer with the default and the swept table).
-# PART=bench|prof|gather|sweep|tests: as scripts/device_s28.sh.
+# PART=prof (any Hopper GPU): kernel profile of the ffi step with the varlen-M bf16 kinds under
+#   their default (no cluster), config 14, and the old 2 x 1 cluster, variants interleaved.
+# PART=bench|gather|sweep|tests: as scripts/device_s28.sh.
 #   run(command="PART=tma,prof bash scripts/device_s29.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
@@ -22,7 +24,16 @@ tma)
     --gemms-only --only-schedules TMA_AB_128x256_C1 \
     --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 32768,4096,512,128,8}
   ;;
-bench|prof|gather|sweep|tests)
+prof)
+  # The ffi step under the varlen-M bf16 default (no cluster), config 14, and the old 2 x 1
+  # cluster, interleaved.
+  kinds="VARLEN_M_NN_BF16 VARLEN_M_NT_BF16"
+  TMA=$(for k in $kinds; do printf ':schedule=%s@TMA_AB_128x256_C1' "$k"; done)
+  OLD=$(for k in $kinds; do printf ':schedule=%s@COOPERATIVE_128x256_C2x1' "$k"; done)
+  PROF_TAG=sched kernel_profile "${PROF_S:-300}" \
+    "${PROF_CONFIGS:-paper-30B-n512,paper-120B-n1024}" "ffi,ffi$TMA,ffi$OLD" 0.05
+  ;;
+bench|gather|sweep|tests)
   OUT=$OUT PART=$part bash scripts/device_s28.sh | grep -v "^== \[.*\] done"
   ;;
 *) echo "unknown PART $part" ;;
