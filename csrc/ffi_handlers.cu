@@ -155,6 +155,7 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   if (k == GemmKind::kVarlenKF32 || k == GemmKind::kVarlenKBf16) {
     p.m = static_cast<int>(ad[1]);
     p.n = static_cast<int>(bd.size() == 2 ? bd[1] : -1);
+    p.src_rows = ad[0];  // config 14 describes all rows of a and b in TMA descriptors
     if (auto e = check(bd.size() == 2 && bd[0] == ad[0] && dd.size() == 3 &&
                            dd[0] == num_groups && dd[1] == p.m && dd[2] == p.n &&
                            p.m % 8 == 0 && p.n % 8 == 0,
@@ -685,7 +686,7 @@ __attribute__((visibility("default"))) int64_t sonic_jax_gemm_workspace_bytes(in
 __attribute__((visibility("default"))) int sonic_jax_check_layouts() {
   return sonic::varlen_m_gather_layouts_ok() && sonic::varlen_m_fused_layouts_ok() &&
                  sonic::varlen_k_gather_layouts_ok() && sonic::varlen_m_nn_layouts_ok() &&
-                 sonic::varlen_m_nt_bf16_layouts_ok()
+                 sonic::varlen_m_nt_bf16_layouts_ok() && sonic::varlen_k_layouts_ok()
              ? 1
              : 0;
 }

@@ -97,18 +97,23 @@ struct GatherTma256x128C1 {
 };
 
 // kTmaSide: 0 (config 5: both operands by cp.async), 1 (configs 6, 8, 9, A by TMA: a_idx must
-// be null) or 2 (configs 6, 8, 9, B by TMA: b_idx must be null).
+// be null), 2 (configs 6, 8, 9, B by TMA: b_idx must be null) or 3 (config 14, the plain
+// varlen-K kind: both by TMA, neither gathered, no cluster; only the producer's leader thread
+// issues copies, and the consumers zero both operands' rows past the group end).
 template <class Out, class Config, int kTmaSide>
 struct GatherWgrad {
   using Tile = typename Config::Tile;
   using OutType = Out;
-  static constexpr bool kTmaA = kTmaSide == 1, kTmaB = kTmaSide == 2, kTma = kTmaSide != 0;
+  static constexpr bool kTmaAB = kTmaSide == 3;
+  static constexpr bool kTmaA = kTmaSide == 1 || kTmaAB, kTmaB = kTmaSide == 2 || kTmaAB;
+  static constexpr bool kTma = kTmaSide != 0;
   static_assert(Config::kTmaB == kTma && Config::kNoinc == kTma,
                 "cp.async with a lag (config 5) or one operand by TMA, noinc arrivals (6)");
   // CTAs sharing the TMA operand's tile: 2 (multicast) unless the config says 1 (config 9:
   // each CTA loads the whole tile, so no CTA waits for its partner's gathered rows).
   static constexpr int kCluster = kTma ? GatherClusterOf<Config>::value : 1;
   static_assert(kCluster == 1 || kCluster == 2, "one CTA or a pair per TMA tile");
+  static_assert(!kTmaAB || kCluster == 1, "both operands by TMA: no cluster");
   static constexpr int kBM = cute::size<0>(Tile{});
   static constexpr int kBN = cute::size<1>(Tile{});
   static constexpr int kBK = cute::size<2>(Tile{});
@@ -133,10 +138,11 @@ struct GatherWgrad {
   static_assert(kProducerThreads % kAChunks == 0 && kBK % kAStep == 0);
   static_assert(kProducerThreads % kBChunks == 0 && kBK % kBStep == 0);
   static constexpr int kAIters = kBK / kAStep, kBIters = kBK / kBStep;
-  // The TMA operand's tile: kTmaWidth columns (M or N) x BK rows, 64-column boxes, half per CTA.
-  static constexpr int kTmaWidth = kTmaA ? kBM : kBN;
+  // The TMA operand's tile: kTmaWidth columns (M or N) x BK rows, 64-column boxes, half per CTA
+  // (kTmaAB: both operands' tiles).
+  static constexpr int kTmaWidth = kTmaAB ? kBM + kBN : kTmaA ? kBM : kBN;
   static constexpr int kTmaBytes = kTmaWidth * kBK * int(sizeof(Bf16));
-  static_assert(!kTma || (kBK == 64 && kTmaWidth % 128 == 0),
+  static_assert(!kTma || (kBK == 64 && kBM % 128 == 0 && kBN % 128 == 0),
                 "TMA boxes need BK = 64 and a tile width that splits into 64-column halves");
   static_assert(kBM * kBK * int(sizeof(Bf16)) * Pipeline::Stages % 1024 == 0,
                 "B stages must start 1024-byte aligned (128-byte swizzle)");
@@ -155,6 +161,7 @@ struct GatherWgrad {
 
   struct Params {
     cute::TmaDescriptor tma;       // kTma: a (a_rows, M) or b (b_rows, N) as a 2-D tensor
+    cute::TmaDescriptor tma_b;     // kTmaAB: b (b_rows, N); `tma` is a
     const Bf16* a;                 // (a_rows, M)
     const int32_t* a_idx;          // (P,) or null: row p of a
     const Bf16* b;                 // (b_rows, N)
@@ -389,27 +396,48 @@ struct GatherWgrad {
     }
   }
 
+  // kTmaAB, leader thread: one stage per K block of the group's rows, A's (BK, BM) and B's
+  // (BK, BN) tiles by TMA (rows past the group end belong to the next group or read zeros past
+  // the tensor: the consumers zero them, see consume).
+  static __device__ void load_tile_tma(const Params& p, const TileCoord& tc, int k_tiles,
+                                       Pipeline& pipe, PipeState& state,
+                                       typename Mainloop::TensorStorage& smem) {
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int row0 = tc.row_begin + kt * kBK;
+      pipe.producer_acquire(state);
+      const int stage = state.index();
+      uint64_t* full = pipe.producer_get_barrier(state);
+      load_tma<kBM>(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK), full, 0, &p.tma);
+      load_tma<kBN>(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK), full, 0, &p.tma_b);
+      ++state;
+    }
+  }
+
   // kTma, leader thread: this CTA's half of the stage's tile of the TMA operand, rows
   // [row0, row0 + BK) (columns col0 + rank · width/2 on), as boxes of 64 columns x BK rows
   // multicast to both CTAs of the cluster (each CTA's full barrier expects the whole tile; the
   // stage holds each 64-column block as BK rows of 128 bytes). Rows past the end read zeros.
   // With kCluster == 1 the leader loads the whole tile into its own stage.
+  // kWidth: the operand's tile width (BM for A, BN for B); tma: its descriptor.
+  template <int kWidth = kTmaWidth>
   static __device__ void load_tma(const Params& p, int row0, int col0, Bf16* stage,
-                                  uint64_t* full_barrier, int rank) {
+                                  uint64_t* full_barrier, int rank,
+                                  const cute::TmaDescriptor* tma = nullptr) {
     constexpr uint16_t kBothCtas = 0b11;
-    constexpr int kHalf = kTmaWidth / 2;
+    constexpr int kHalf = kWidth / 2;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    if (tma == nullptr) tma = &p.tma;
     if constexpr (kCluster == 1) {
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kTmaWidth / 64; ++i) {
-        cute::SM90_TMA_LOAD_2D::copy(&p.tma, full_barrier, hint, stage + i * 64 * kBK,
+      for (int i = 0; i < kWidth / 64; ++i) {
+        cute::SM90_TMA_LOAD_2D::copy(tma, full_barrier, hint, stage + i * 64 * kBK,
                                      col0 + i * 64, row0);
       }
       return;
     }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kHalf / 64; ++i) {
-      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma, full_barrier, kBothCtas, hint,
+      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(tma, full_barrier, kBothCtas, hint,
                                              stage + (rank * kHalf + i * 64) * kBK,
                                              col0 + rank * kHalf + i * 64, row0);
     }
@@ -438,11 +466,12 @@ struct GatherWgrad {
       const int s = rd.index();
       if (kt == k_tiles - 1 && last_rows < kBK) {
         // 16-byte stores of 8 columns each (contiguous and aligned: stage_layouts_ok); 2-byte
-        // stores took ~20 address instructions per element.
+        // stores took ~20 address instructions per element. kTmaAB: A's columns, then B's.
         constexpr int kRowChunks = kTmaWidth / kChunk;
         for (int i = mma_tid; i < kRowChunks * (kBK - last_rows); i += kMmaThreads) {
           const int c = (i % kRowChunks) * kChunk, k = last_rows + i / kRowChunks;
-          Bf16* dst = kTmaA ? &sA(c, k, s) : &sB(c, k, s);
+          Bf16* dst = kTmaAB ? (c < kBM ? &sA(c, k, s) : &sB(c - kBM, k, s))
+                             : kTmaA ? &sA(c, k, s) : &sB(c, k, s);
           *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
         }
         cutlass::arch::fence_view_async_shared();  // generic zeros -> wgmma reads
@@ -555,7 +584,13 @@ struct GatherWgrad {
   static __device__ Pipeline make_pipeline(SharedStorage& smem, int wg) {
     typename Pipeline::Params pp;
     pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-    if constexpr (kTma) {
+    if constexpr (kTmaAB) {
+      pp.is_leader = threadIdx.x == 0;
+      pp.num_consumers = kMmaThreads;
+      pp.num_producers = 1;                     // the leader's expect_tx only
+      pp.transaction_bytes = kTmaBytes;         // A's and B's tiles
+      return Pipeline(smem.pipeline, pp, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+    } else if constexpr (kTma) {
       pp.is_leader = threadIdx.x == 0;
       pp.num_consumers = kMmaThreads;
       pp.num_producers = kProducerThreads + 1;  // noinc arrivals + the leader's expect_tx
@@ -584,31 +619,45 @@ struct GatherWgrad {
     const int total = p.num_groups * p.m_units * p.n_units;
     const int first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
     if (wg == 0) {
-      PipeState state = cutlass::make_producer_start_state<Pipeline>();
-      Publisher pub{state};
-      const int tid = threadIdx.x;
-      if constexpr (kTma) {
-        if (tid == 0) cute::prefetch_tma_descriptor(&p.tma);
+      if constexpr (kTmaAB) {
+        // One thread issues every copy; the rest of the warpgroup has nothing to do.
+        if (threadIdx.x == 0) {
+          PipeState state = cutlass::make_producer_start_state<Pipeline>();
+          cute::prefetch_tma_descriptor(&p.tma);
+          cute::prefetch_tma_descriptor(&p.tma_b);
+          for (int tile = first; tile < total; tile += step) {
+            const TileCoord tc = locate(p, tile, rank);
+            load_tile_tma(p, tc, k_tiles_of(tc), pipe, state, smem.tensors);
+          }
+          pipe.producer_tail(state);
+        }
+      } else {
+        PipeState state = cutlass::make_producer_start_state<Pipeline>();
+        Publisher pub{state};
+        const int tid = threadIdx.x;
+        if constexpr (kTma) {
+          if (tid == 0) cute::prefetch_tma_descriptor(&p.tma);
+        }
+        RowStager sa{p.a_idx, p.a_rows, uint32_t(p.m / kChunk), &smem.rows[0][0][0]};
+        RowStager sb{p.b_idx, p.b_rows, uint32_t(p.n / kChunk), &smem.rows[1][0][0]};
+        // Each tile is located once: the lookahead of one iteration is the tile of the next.
+        TileCoord tc{};
+        if (first < total) {
+          tc = locate(p, first, rank);
+          fetch_rows(sa, sb, tc, 0, tid);
+        }
+        for (int tile = first; tile < total; tile += step) {
+          const bool more = tile + step < total;
+          TileCoord next{};
+          if (more) next = locate(p, tile + step, rank);
+          load_tile(p, tc, more, next, k_tiles_of(tc), pipe, state, pub, sa, sb, smem.tensors, tid,
+                    rank);
+          tc = next;
+        }
+        if constexpr (!kTma) pub.flush(pipe);
+        // The consumers (of both CTAs, with kTma) release every stage before the CTA exits.
+        pipe.producer_tail(state);
       }
-      RowStager sa{p.a_idx, p.a_rows, uint32_t(p.m / kChunk), &smem.rows[0][0][0]};
-      RowStager sb{p.b_idx, p.b_rows, uint32_t(p.n / kChunk), &smem.rows[1][0][0]};
-      // Each tile is located once: the lookahead of one iteration is the tile of the next.
-      TileCoord tc{};
-      if (first < total) {
-        tc = locate(p, first, rank);
-        fetch_rows(sa, sb, tc, 0, tid);
-      }
-      for (int tile = first; tile < total; tile += step) {
-        const bool more = tile + step < total;
-        TileCoord next{};
-        if (more) next = locate(p, tile + step, rank);
-        load_tile(p, tc, more, next, k_tiles_of(tc), pipe, state, pub, sa, sb, smem.tensors, tid,
-                  rank);
-        tc = next;
-      }
-      if constexpr (!kTma) pub.flush(pipe);
-      // The consumers (of both CTAs, with kTma) release every stage before the CTA exits.
-      pipe.producer_tail(state);
     } else {
       PipeState state;
       const int mma_tid = threadIdx.x - kProducerThreads;
@@ -690,7 +739,16 @@ struct WgradLauncher {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            G::kSmemBytes);
     if (err != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err);
-    if constexpr (G::kTma) {
+    if constexpr (G::kTmaAB) {
+      // Both operands, a (a_rows, M) and b (b_rows, N), as below.
+      std::string tma_err = encode_tma_2d(p.a, p.m, a_rows, G::kBK, &kp.tma,
+                                          "cuTensorMapEncodeTiled for a");
+      if (tma_err.empty()) {
+        tma_err = encode_tma_2d(p.b, p.n, b_rows, G::kBK, &kp.tma_b,
+                                "cuTensorMapEncodeTiled for b");
+      }
+      if (!tma_err.empty()) return tma_err;
+    } else if constexpr (G::kTma) {
       // The TMA operand, a (a_rows, M) or b (b_rows, N), boxes of 64 columns x BK rows; rows
       // 16-byte aligned (M, N % 8 == 0, checked by the handler); rows past the end read zeros.
       std::string tma_err = encode_tma_2d(G::kTmaA ? p.a : p.b, G::kTmaA ? p.m : p.n,

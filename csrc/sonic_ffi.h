@@ -54,7 +54,7 @@ enum class GemmConfig : int {
   kCooperative128x256C1x1 = 11,  // varlen-M, varlen-K bf16: no cluster
   kPingpong64x256C2x1 = 12,      // varlen-M bf16: ping-pong, m64n256 per consumer
   kGatherTmaB128x256C1 = 13,     // gather kinds: as 6 without the cluster
-  kTmaAB128x256C1 = 14,          // varlen-M bf16: the gather kernel with A and B_e by TMA
+  kTmaAB128x256C1 = 14,          // varlen-M / varlen-K bf16: our kernels, both operands by TMA
   kNumConfigs = 15,
 };
 
@@ -127,6 +127,7 @@ bool varlen_m_gather_layouts_ok();
 bool varlen_m_fused_layouts_ok();
 bool varlen_m_nn_layouts_ok();       // config 14's TMA boxes (A and B_e by TMA)
 bool varlen_m_nt_bf16_layouts_ok();
+bool varlen_k_layouts_ok();          // config 14's stage layouts (both operands by TMA)
 std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams& p,
                                cudaStream_t stream);
 // kVarlenKGatherBf16: p.a (a_rows, m), p.b (b_rows, n), p.d (E, m, n); row p of the groups reads

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Session 29's device calls (carry the built library, ABI 14: sonic_jax/ffi/libsonic_jax_cuda.so).
-# PART=tma (any Hopper GPU): GemmConfig 14 (TMA_AB_128x256_C1, the gather kernel with A and B_e
-#   by TMA, not yet run on a GPU): its GPU tests against ragged_dot (topk, empty experts, one
-#   expert), then `python -m sonic_jax.ffi.sweep --gemms-only --only-schedules TMA_AB_128x256_C1`
-#   at 120B-n1024 and 30B-n512 (up_proj, down_proj and dx_pairs under their default and config
-#   14, the layer with the default and the swept table).
+# PART=tma (any Hopper GPU): GemmConfig 14 (TMA_AB_128x256_C1, our kernels with both operands
+#   by TMA for the plain bf16 varlen-M and varlen-K kinds, not yet run on a GPU): its GPU tests
+#   against ragged_dot / the xla dW2 (topk, empty experts, one expert), then
+#   `python -m sonic_jax.ffi.sweep --gemms-only --only-schedules TMA_AB_128x256_C1` at
+#   120B-n1024 and 30B-n512 (up_proj, down_proj, dx_pairs, dw1 and dw2 under their default and
+#   config 14, the layer with the default and the swept table).
 # PART=prof (any Hopper GPU): kernel profile of the ffi step with the varlen-M bf16 kinds under
-#   their default (no cluster), config 14, and the old 2 x 1 cluster, variants interleaved.
+#   their default (no cluster), config 14 (with varlen-K bf16 too), and the old 2 x 1 cluster,
+#   variants interleaved.
 # PART=bench|gather|sweep|tests: as scripts/device_s28.sh.
 #   run(command="PART=tma,prof bash scripts/device_s29.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
@@ -20,7 +22,7 @@ case $part in
 tma)
   gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "TMA_AB"
   cp "$OUT/gpu-tests.log" "$OUT/gpu-tests-tma.log"
-  ffi_sweep "${SWEEP_S:-200}" tma-sweep "^config|  (down_proj|up_proj|dx_pairs|layer)|MEASURED" \
+  ffi_sweep "${SWEEP_S:-200}" tma-sweep "^config|  (down_proj|up_proj|dx_pairs|dw1|dw2|layer)|MEASURED" \
     --gemms-only --only-schedules TMA_AB_128x256_C1 \
     --configs ${SWEEP_CONFIGS:-32768,4096,1024,128,8 32768,4096,512,128,8}
   ;;
@@ -28,7 +30,7 @@ prof)
   # The ffi step under the varlen-M bf16 default (no cluster), config 14, and the old 2 x 1
   # cluster, interleaved.
   kinds="VARLEN_M_NN_BF16 VARLEN_M_NT_BF16"
-  TMA=$(for k in $kinds; do printf ':schedule=%s@TMA_AB_128x256_C1' "$k"; done)
+  TMA=$(for k in $kinds VARLEN_K_BF16; do printf ':schedule=%s@TMA_AB_128x256_C1' "$k"; done)
   OLD=$(for k in $kinds; do printf ':schedule=%s@COOPERATIVE_128x256_C2x1' "$k"; done)
   PROF_TAG=sched kernel_profile "${PROF_S:-300}" \
     "${PROF_CONFIGS:-paper-30B-n512,paper-120B-n1024}" "ffi,ffi$TMA,ffi$OLD" 0.05

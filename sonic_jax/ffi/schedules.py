@@ -76,11 +76,11 @@ class GemmConfig(enum.IntEnum):
   # Gather kinds (session 28, not yet run on a GPU): GATHER_TMA_B_128x256_C2x1 without the
   # cluster, each CTA loading its whole B_e tile by TMA.
   GATHER_TMA_B_128x256_C1 = 13
-  # Plain varlen-M bf16 kinds (session 29, not yet run on a GPU): the gather kernel's mainloop
-  # with A (one TMA descriptor over all rows) and B_e (the stacked-experts descriptor) by TMA,
-  # no cluster. CUTLASS's ptr-array kernel rewrites per-group tensor maps whenever a CTA moves
-  # to another expert; this one never does, and masks each tile's rows past its group at the
-  # store.
+  # Plain bf16 varlen-M and varlen-K kinds (session 29, not yet run on a GPU): our kernels
+  # (gather_gemm.cuh, gather_wgrad.cuh) with both operands by TMA from one descriptor each, no
+  # cluster. CUTLASS's ptr-array kernel rewrites per-group tensor maps whenever a CTA moves to
+  # another expert; these never do. Varlen-M masks each tile's rows past its group at the
+  # store; varlen-K zeroes both operands' rows past the group end in its last K block.
   TMA_AB_128x256_C1 = 14
 
 
@@ -107,7 +107,8 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
                              GemmConfig.COOPERATIVE_128x256_C1x2,
                              GemmConfig.COOPERATIVE_128x256_C2x1,
                              GemmConfig.COOPERATIVE_128x256_C2x2,
-                             GemmConfig.COOPERATIVE_128x256_C1x1),
+                             GemmConfig.COOPERATIVE_128x256_C1x1,
+                             GemmConfig.TMA_AB_128x256_C1),
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
