@@ -640,12 +640,12 @@ def test_sweep_gemms_only_rows(monkeypatch):
 def test_sweep_only_schedules_times_the_named_configs_next_to_the_default():
   from sonic_jax.ffi import sweep
   tma = GemmConfig.TMA_AB_128x256_C1
-  for kind in (GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_NT_BF16):
+  for kind in (GemmKind.VARLEN_M_NN_BF16, GemmKind.VARLEN_M_NT_BF16, GemmKind.VARLEN_K_BF16):
     assert sweep._configs_to_time(kind, [tma.name]) == (schedules.DEFAULT[kind], tma)
     # The default named too: timed once, first.
     assert sweep._configs_to_time(kind, [schedules.DEFAULT[kind].name, tma.name]) == (
         schedules.DEFAULT[kind], tma)
-  for kind in (GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_K_BF16):
+  for kind in (GemmKind.VARLEN_M_NT_F32, GemmKind.VARLEN_K_F32):
     assert sweep._configs_to_time(kind, [tma.name]) == ()  # not built for these: skipped
   assert sweep._configs_to_time(GemmKind.VARLEN_K_BF16, None) == schedules.INSTANTIATED[
       GemmKind.VARLEN_K_BF16]
