@@ -433,13 +433,13 @@ struct GatherWgrad {
         cute::SM90_TMA_LOAD_2D::copy(tma, full_barrier, hint, stage + i * 64 * kBK,
                                      col0 + i * 64, row0);
       }
-      return;
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kHalf / 64; ++i) {
-      cute::SM90_TMA_LOAD_MULTICAST_2D::copy(tma, full_barrier, kBothCtas, hint,
-                                             stage + (rank * kHalf + i * 64) * kBK,
-                                             col0 + rank * kHalf + i * 64, row0);
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kHalf / 64; ++i) {
+        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(tma, full_barrier, kBothCtas, hint,
+                                               stage + (rank * kHalf + i * 64) * kBK,
+                                               col0 + rank * kHalf + i * 64, row0);
+      }
     }
   }
 
@@ -477,7 +477,8 @@ struct GatherWgrad {
         cutlass::arch::fence_view_async_shared();  // generic zeros -> wgmma reads
         cutlass::arch::NamedBarrier::sync(kMmaThreads, 0);  // the warpgroups share the tile
       }
-      cutlass::arch::fence_view_async_shared();  // cp.async writes (generic) -> wgmma reads
+      // cp.async writes (generic proxy) -> wgmma reads; kTmaAB has none.
+      if constexpr (!kTmaAB) cutlass::arch::fence_view_async_shared();
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
       CUTLASS_PRAGMA_UNROLL
