@@ -9,6 +9,7 @@
 # PART=prof (any Hopper GPU): kernel profile of the ffi step with the varlen-M bf16 kinds under
 #   their default (no cluster), config 14 (with varlen-K bf16 too), and the old 2 x 1 cluster,
 #   variants interleaved.
+# PART=auto: tma, then bench on an H200 or prof at 30B-n512 elsewhere, within $CALL_S seconds.
 # PART=bench|gather|sweep|tests: as scripts/device_s28.sh.
 #   run(command="PART=tma,prof bash scripts/device_s29.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
@@ -35,8 +36,21 @@ prof)
   PROF_TAG=sched kernel_profile "${PROF_S:-300}" \
     "${PROF_CONFIGS:-paper-30B-n512,paper-120B-n1024}" "ffi,ffi$TMA,ffi$OLD" 0.05
   ;;
+auto)
+  # One call on whatever GPU comes, within ${CALL_S:-500} s: the tma part, then on an H200 the
+  # layer benchmark with the seconds left, elsewhere the prof part at 30B-n512.
+  TEST_S=${TEST_S:-100} SWEEP_S=${SWEEP_S:-180} OUT=$OUT PART=tma bash scripts/device_s29.sh \
+    | grep -v "^== \[.*\] done"
+  left=$(( ${CALL_S:-500} - $(since) ))
+  if grep -q H200 "$OUT/gpu.txt"; then
+    OUT=$OUT PART=bench TOTAL_S=$left bash scripts/device_s29.sh | grep -v "^== \[.*\] done"
+  elif (( left > 90 )); then
+    OUT=$OUT PART=prof PROF_S=$(( left - 10 )) PROF_CONFIGS=paper-30B-n512 \
+      bash scripts/device_s29.sh | grep -v "^== \[.*\] done"
+  fi
+  ;;
 bench|gather|sweep|tests)
-  OUT=$OUT PART=$part bash scripts/device_s28.sh | grep -v "^== \[.*\] done"
+  OUT=$OUT PART=$part BENCH_TAG=${BENCH_TAG:-s29} bash scripts/device_s28.sh | grep -v "^== \[.*\] done"
   ;;
 *) echo "unknown PART $part" ;;
 esac
