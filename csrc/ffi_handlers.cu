@@ -145,6 +145,7 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   p.workspace = workspace->untyped_data();
   p.workspace_bytes = workspace->size_bytes();
   auto ad = a.dimensions(), bd = b.dimensions(), dd = d->dimensions();
+  p.src_rows = ad[0];  // rows of a (and of b for varlen-K): config 14's TMA descriptors
   const bool f32_out = k == GemmKind::kVarlenMNNF32 || k == GemmKind::kVarlenMNTF32 ||
                        k == GemmKind::kVarlenKF32;
   std::string shapes = "a " + dims_str(ad) + ", b " + dims_str(bd) + ", d " + dims_str(dd);
@@ -155,7 +156,6 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   if (k == GemmKind::kVarlenKF32 || k == GemmKind::kVarlenKBf16) {
     p.m = static_cast<int>(ad[1]);
     p.n = static_cast<int>(bd.size() == 2 ? bd[1] : -1);
-    p.src_rows = ad[0];  // config 14 describes all rows of a and b in TMA descriptors
     if (auto e = check(bd.size() == 2 && bd[0] == ad[0] && dd.size() == 3 &&
                            dd[0] == num_groups && dd[1] == p.m && dd[2] == p.n &&
                            p.m % 8 == 0 && p.n % 8 == 0,
@@ -164,7 +164,6 @@ ffi::Error GroupedGemmImpl(cudaStream_t stream, int32_t kind, int32_t config,
   } else {
     const bool nt = k == GemmKind::kVarlenMNTF32 || k == GemmKind::kVarlenMNTBf16;
     p.k = static_cast<int>(ad[1]);
-    p.src_rows = ad[0];  // config 14 describes all of A's rows in one TMA descriptor
     p.n = static_cast<int>(bd.size() == 3 ? (nt ? bd[1] : bd[2]) : -1);
     const int64_t bk = bd.size() == 3 ? (nt ? bd[2] : bd[1]) : -1;
     if (auto e = check(bd.size() == 3 && bd[0] == num_groups && bk == p.k && dd.size() == 2 &&

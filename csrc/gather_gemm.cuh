@@ -699,6 +699,12 @@ struct GatherGemm {
     }
   }
 
+  // Every host layout check that applies to this instantiation (Launcher::run, all_layouts_ok
+  // and the plain kinds' checks of config 14).
+  static bool layouts_ok() {
+    return (!kFused || layout_ok()) && tma_b_layout_ok() && tma_a_layout_ok();
+  }
+
   // kNoinc consumers: CUTLASS's `mma` has no place for the proxy fence the noinc publication
   // needs (the producer thread cannot fence copies it never waits for), so this is the same
   // WGMMA loop with it: wait for stage s, fence, issue its wgmmas, then release stage s - 1 once
@@ -964,8 +970,7 @@ template <template <class> class... Gs>
 inline bool all_layouts_ok() {
   bool ok = true;
   auto check = [&](auto g) {
-    using Gemm = typename decltype(g)::Gemm;
-    ok = ok && Gemm::tma_b_layout_ok() && (!Gemm::kFused || Gemm::layout_ok());
+    ok = ok && decltype(g)::Gemm::layouts_ok();
   };
   for (int config = 0; config < static_cast<int>(GemmConfig::kNumConfigs); ++config) {
     (dispatch_config<Gs>(config, check), ...);
@@ -987,8 +992,7 @@ struct Launcher {
              std::to_string(workspace_bytes(p.num_groups)) + " bytes";
     }
     // Checked once per instantiation: a CUTLASS layout change must not silently mix columns.
-    static const bool layout_checked =
-        (!G::kFused || G::layout_ok()) && G::tma_b_layout_ok() && G::tma_a_layout_ok();
+    static const bool layout_checked = G::layouts_ok();
     if (!layout_checked) return "shared-memory or accumulator layout differs from what it needs";
     auto* tile_start = static_cast<int32_t*>(p.workspace);
     const int n_tiles = (p.n + G::kTileN - 1) / G::kTileN;

@@ -372,14 +372,14 @@ struct GatherWgrad {
       pipe.producer_acquire(state);
       const int stage = state.index();
       if constexpr (kTmaA) {
-        if (tid == 0) load_tma(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
+        if (tid == 0) load_tma(&p.tma, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
         copy_rows<kBM>(sa_addr + uint32_t(stage * kBM * kBK * 2), a_col, a_k, a_col_ok, a_rows,
                        a_base);
       }
       if constexpr (kTmaB) {
-        if (tid == 0) load_tma(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
+        if (tid == 0) load_tma(&p.tma, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK),
                                pipe.producer_get_barrier(state), rank);
       } else {
         copy_rows<kBN>(sb_addr + uint32_t(stage * kBN * kBK * 2), b_col, b_k, b_col_ok, b_rows,
@@ -407,8 +407,8 @@ struct GatherWgrad {
       pipe.producer_acquire(state);
       const int stage = state.index();
       uint64_t* full = pipe.producer_get_barrier(state);
-      load_tma<kBM>(p, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK), full, 0, &p.tma);
-      load_tma<kBN>(p, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK), full, 0, &p.tma_b);
+      load_tma<kBM>(&p.tma, row0, tc.m0, smem.smem_A.data() + stage * (kBM * kBK), full, 0);
+      load_tma<kBN>(&p.tma_b, row0, tc.n0, smem.smem_B.data() + stage * (kBN * kBK), full, 0);
       ++state;
     }
   }
@@ -418,15 +418,13 @@ struct GatherWgrad {
   // multicast to both CTAs of the cluster (each CTA's full barrier expects the whole tile; the
   // stage holds each 64-column block as BK rows of 128 bytes). Rows past the end read zeros.
   // With kCluster == 1 the leader loads the whole tile into its own stage.
-  // kWidth: the operand's tile width (BM for A, BN for B); tma: its descriptor.
+  // tma: the operand's descriptor; kWidth: its tile width (BM for A, BN for B).
   template <int kWidth = kTmaWidth>
-  static __device__ void load_tma(const Params& p, int row0, int col0, Bf16* stage,
-                                  uint64_t* full_barrier, int rank,
-                                  const cute::TmaDescriptor* tma = nullptr) {
+  static __device__ void load_tma(const cute::TmaDescriptor* tma, int row0, int col0,
+                                  Bf16* stage, uint64_t* full_barrier, int rank) {
     constexpr uint16_t kBothCtas = 0b11;
     constexpr int kHalf = kWidth / 2;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
-    if (tma == nullptr) tma = &p.tma;
     if constexpr (kCluster == 1) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kWidth / 64; ++i) {

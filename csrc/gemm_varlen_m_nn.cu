@@ -36,10 +36,7 @@ static bool dispatch_nn(bool f32_out, int config, Fn fn) {
   return false;
 }
 
-bool varlen_m_nn_layouts_ok() {
-  using G = TmaNN<TmaAB128x256C1>::Gemm;
-  return G::tma_a_layout_ok() && G::tma_b_layout_ok();
-}
+bool varlen_m_nn_layouts_ok() { return TmaNN<TmaAB128x256C1>::Gemm::layouts_ok(); }
 
 size_t varlen_m_nn_workspace_bytes(bool f32_out, int config, int num_groups) {
   size_t bytes = 0;

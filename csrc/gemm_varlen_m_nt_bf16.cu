@@ -29,10 +29,7 @@ static bool dispatch_nt_bf16(int config, Fn fn) {
   }
 }
 
-bool varlen_m_nt_bf16_layouts_ok() {
-  using G = TmaNT<TmaAB128x256C1>::Gemm;
-  return G::tma_a_layout_ok() && G::tma_b_layout_ok();
-}
+bool varlen_m_nt_bf16_layouts_ok() { return TmaNT<TmaAB128x256C1>::Gemm::layouts_ok(); }
 
 size_t varlen_m_nt_bf16_workspace_bytes(int config, int num_groups) {
   size_t bytes = 0;

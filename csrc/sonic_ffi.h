@@ -34,11 +34,11 @@ enum class GemmKind : int {
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
-// config: varlen-M bf16 kinds have 0-2, 10-12 and 14, kVarlenMNTF32 has 0-2 and 11, kVarlenMNNF32
-// has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11 (bf16), the gather kinds have 4, 5, 7
-// (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster) and 13 (B_e by TMA, no
-// cluster), the gathered varlen-K kind has 5, 6, 8 and 9. The workspace query returns 0 for a
-// pair that is not instantiated.
+// config: varlen-M bf16 kinds have 0-2, 10-12 and 14, kVarlenMNTF32 has 0-2 and 11,
+// kVarlenMNNF32 has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11, 14 (bf16), the gather
+// kinds have 4, 5, 7 (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster) and 13
+// (B_e by TMA, no cluster), the gathered varlen-K kind has 5, 6, 8 and 9. The workspace query
+// returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
   kCooperative128x256C2x1 = 1,

@@ -134,12 +134,13 @@ def run_config(t, d, n, e, k, iters, sweep=True, fused_only=False, gemms_only=Fa
   out, best = [], {}
   valid = np.arange(plan.capacity) < rows
   for name, kind, args, dims, fd, dargs, flops in (cases if full else []):
-    if not _configs_to_time(kind, only):
+    cfgs = _configs_to_time(kind, only)
+    if not cfgs:
       continue
     ms_d, timer_d, _ = gpu_ms(fd, *dargs, iters=iters)
     ref = None
     timings = {}
-    for cfg in _configs_to_time(kind, only):
+    for cfg in cfgs:
       f = jax.jit(lambda l, r, o, c=int(cfg), kd=kind: ops.grouped_gemm(l, r, o, kd, config=c))
       ms, timer, res = gpu_ms(f, *args, offs, iters=iters)
       if kind not in schedules.VARLEN_K_KINDS:
