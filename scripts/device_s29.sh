@@ -11,7 +11,7 @@
 #   variants interleaved.
 # PART=auto: tma, then bench on an H200 or prof at 30B-n512 elsewhere, within $CALL_S seconds.
 # PART=bench|gather|sweep|tests: as scripts/device_s28.sh.
-#   run(command="PART=tma,prof bash scripts/device_s29.sh",
+#   run(command="PART=gather,prof bash scripts/device_s29.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
 source scripts/device_env.sh
@@ -34,7 +34,7 @@ prof)
   TMA=$(for k in $kinds VARLEN_K_BF16; do printf ':schedule=%s@TMA_AB_128x256_C1' "$k"; done)
   OLD=$(for k in $kinds; do printf ':schedule=%s@COOPERATIVE_128x256_C2x1' "$k"; done)
   PROF_TAG=sched kernel_profile "${PROF_S:-300}" \
-    "${PROF_CONFIGS:-paper-30B-n512,paper-120B-n1024}" "ffi,ffi$TMA,ffi$OLD" 0.05
+    "${PROF_CONFIGS:-paper-30B-n512,paper-120B-n1024}" "${PROF_VARIANTS:-ffi,ffi$OLD}" 0.05
   ;;
 auto)
   # One call on whatever GPU comes, within ${CALL_S:-500} s: the tma part, then on an H200 the

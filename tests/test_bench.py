@@ -708,3 +708,22 @@ def test_bench_layer_for_route_paths_give_moe_gradients(path):
     assert rel_err(g, r) <= 1e-5
   with pytest.raises(SystemExit, match="route paths"):
     layer_for("xla@cached", p.d, p.n, p.K)
+
+
+@pytest.mark.parametrize("path", ["", "@two-step"])
+def test_bench_layer_for_reads_ffi_schedules_apart_from_route_paths(path, monkeypatch):
+  """'@' joins a kind to its schedule in an ffi spec: layer_for passes the whole option to
+  FfiKernels and takes a route path only from a last '@' part naming one (session 30's
+  kernel profile of two schedule variants failed on that)."""
+  import sonic_jax.bench.variants as variants
+
+  seen = []
+  monkeypatch.setattr(variants, "kernels_for", lambda spec, d, n: seen.append(spec) or "xla")
+  spec = "ffi:schedule=VARLEN_M_NN_BF16@COOPERATIVE_128x256_C2x1"
+  assert callable(variants.layer_for(spec + path, 16, 8, 2))
+  assert seen == [spec]
+  kern = variants._ffi_kernels(spec + ":schedule=VARLEN_K_BF16@TMA_AB_128x256_C1")
+  assert {k.name: c.name for k, c in kern.schedules} == {
+      "VARLEN_M_NN_BF16": "COOPERATIVE_128x256_C2x1", "VARLEN_K_BF16": "TMA_AB_128x256_C1"}
+  with pytest.raises(SystemExit, match="route paths"):
+    variants.layer_for(spec + "@cached", 16, 8, 2)
