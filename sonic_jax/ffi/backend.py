@@ -137,7 +137,8 @@ class FfiKernels(ExpertKernels):
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
   weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
   noinc publication) or "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
-  tile; session 28, not yet run on a GPU). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 /
+  tile; session 28; H100, session 30: dh 3.42 against tma_b's 3.78 ms at 120B-n1024, up_proj
+  7.59 against 7.30). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 /
   10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM
   7.04 and 4.09); the layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session
   18).

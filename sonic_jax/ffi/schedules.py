@@ -73,10 +73,13 @@ class GemmConfig(enum.IntEnum):
   COOPERATIVE_128x256_C2x2 = 10
   COOPERATIVE_128x256_C1x1 = 11
   PINGPONG_64x256_C2x1 = 12
-  # Gather kinds (session 28, not yet run on a GPU): GATHER_TMA_B_128x256_C2x1 without the
-  # cluster, each CTA loading its whole B_e tile by TMA.
+  # Gather kinds (session 28): GATHER_TMA_B_128x256_C2x1 without the cluster, each CTA loading
+  # its whole B_e tile by TMA. Correct on the H100 (session 30); dh there 3.42 against 3.78 ms
+  # at 120B-n1024, up_proj 7.59 against 7.30 (benchmarks/results/s30-h100-2026-12-07.md).
   GATHER_TMA_B_128x256_C1 = 13
-  # Plain bf16 varlen-M and varlen-K kinds (session 29, not yet run on a GPU): our kernels
+  # Plain bf16 varlen-M and varlen-K kinds (session 29; correct on the H100 but slower than
+  # CUTLASS on every GEMM, about 2x at N = 4096: benchmarks/results/s30-h100-2026-12-07.md;
+  # opt-in for the sweep): our kernels
   # (gather_gemm.cuh, gather_wgrad.cuh) with both operands by TMA from one descriptor each, no
   # cluster. CUTLASS's ptr-array kernel rewrites per-group tensor maps whenever a CTA moves to
   # another expert; these never do. Varlen-M masks each tile's rows past its group at the
