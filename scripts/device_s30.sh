@@ -8,7 +8,9 @@
 #   run(command="PART=ncu bash scripts/device_s30.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # PART=dhprof (any Hopper GPU): kernel profile of the step with dh's gathered GEMM under
 #   config 13 (gather_schedule tma_b_c1) against the default; at d 4096 also dh (and dW2) in
-#   the GEMM, which the defaults leave to scatter_rows + CUTLASS there.
+#   the GEMM, which the defaults leave to scatter_rows + CUTLASS there (PROF_BIG=configs; off
+#   by default: session 22 measured dh and dW2 in the GEMM 0.9 ms slower at 120B-n1024 on
+#   the H100, more than config 13 saves on dh).
 # PART=bench|gather|sweep|tests|prof|tma: as scripts/device_s29.sh.
 set -uo pipefail
 source scripts/device_env.sh
@@ -36,10 +38,10 @@ dhprof)
   # 120B-n1024 on the H100, session 30) inside the step: where dh gathers by default (n 256),
   # the default against gather_schedule tma_b_c1; at d 4096, n >= 512 also dh in the GEMM
   # with and without dW2 in the GEMM (no scatter of dO at all with both).
-  C1=gather_schedule=tma_b_c1
+  C1=gather_schedule=auto
   PROF_TAG=dh kernel_profile "${PROF_S:-150}" "${PROF_SMALL:-paper-7B-n256,paper-1.4B-n256}" \
     "ffi,ffi:$C1" 0.05
-  PROF_TAG=dhbig kernel_profile "${PROF_BIG_S:-250}" "${PROF_BIG:-paper-30B-n512,paper-120B-n1024}" \
+  [[ -n "${PROF_BIG:-}" ]] && PROF_TAG=dhbig kernel_profile "${PROF_BIG_S:-250}" "$PROF_BIG" \
     "ffi,ffi:fused-gather=dh:$C1,ffi:fused-gather=dh:wgrad-gather=dw2:$C1" 0.05
   ;;
 bench|gather|sweep|tests|prof|tma)

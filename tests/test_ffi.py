@@ -513,14 +513,21 @@ def test_ffi_kernels_gather_schedule_switch():
   assert len({FfiKernels(gather_schedule="tma_b"), FfiKernels(gather_schedule="cp_async"),
               FfiKernels(gather_schedule="noinc"), FfiKernels()}) == 3
   assert "gather_schedule='noinc'" in repr(FfiKernels(gather_schedule="noinc"))
-  assert FfiKernels()._gather_config() == GemmConfig.GATHER_TMA_B_128x256_C2x1
+  for entry in ("up_proj", "dh"):
+    assert FfiKernels()._gather_config(entry) == GemmConfig.GATHER_TMA_B_128x256_C2x1
+    assert (FfiKernels(gather_schedule="cp_async")._gather_config(entry) ==
+            GemmConfig.GATHER_COOP_128x256)
+    assert (FfiKernels(gather_schedule="noinc")._gather_config(entry) ==
+            GemmConfig.GATHER_NOINC_128x256)
+    assert (FfiKernels(gather_schedule="tma_b_c1")._gather_config(entry) ==
+            GemmConfig.GATHER_TMA_B_128x256_C1)
   for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
     assert schedules.DEFAULT[kind] == GemmConfig.GATHER_TMA_B_128x256_C2x1
-  assert (FfiKernels(gather_schedule="cp_async")._gather_config() ==
-          GemmConfig.GATHER_COOP_128x256)
-  assert FfiKernels(gather_schedule="noinc")._gather_config() == GemmConfig.GATHER_NOINC_128x256
-  assert (FfiKernels(gather_schedule="tma_b_c1")._gather_config() ==
-          GemmConfig.GATHER_TMA_B_128x256_C1)
+  # "auto": each entry point's fastest in session 30's H100 sweep (dh without the cluster).
+  auto = FfiKernels(gather_schedule="auto")
+  assert auto._gather_config("up_proj") == GemmConfig.GATHER_TMA_B_128x256_C2x1
+  assert auto._gather_config("dh") == GemmConfig.GATHER_TMA_B_128x256_C1
+  assert auto != FfiKernels(gather_schedule="tma_b_c1") and "gather_schedule='auto'" in repr(auto)
   with pytest.raises(ValueError, match="gather_schedule must be one of"):
     FfiKernels(gather_schedule="tma")
 

@@ -15,7 +15,7 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``fused-gather[=<up_proj|dh>]``, ``wgrad-gather[=<dw1|dw2>]`` (``FfiKernels(wgrad_gather=True)``,
 or for one entry point),
 ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
-``dswiglu=<block|warp>``, ``gather_schedule=<tma_b|cp_async|noinc|tma_b_c1>``,
+``dswiglu=<block|warp>``, ``gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1>``,
 ``combine_add=<kernel|xla>`` and ``schedule=<kind>@<config>`` (repeatable:
 ``FfiKernels(schedules={kind: config})``), e.g. ``ffi:dw1-last``,
 ``ffi:fused_epilogue=dh:gather_schedule=tma_b`` or
@@ -60,7 +60,7 @@ def _base_configs(kern, d: int, n: int) -> dict:
 FFI_OPTIONS = ("dw1-last", "fused-gather[=<up_proj|dh>]", "wgrad-gather[=<dw1|dw2>]",
                "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
-               "gather_schedule=<tma_b|cp_async|noinc|tma_b_c1>", "combine_add=<kernel|xla>",
+               "gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1>", "combine_add=<kernel|xla>",
                "schedule=<kind>@<config>")
 
 

@@ -79,7 +79,12 @@ GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
     "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
     "tma_b_c1": ops.GemmConfig.GATHER_TMA_B_128x256_C1,
 }
-GATHER_SCHEDULES = tuple(GATHER_SCHEDULE_CONFIGS)
+# "auto": each entry point's fastest, H100, session 30 (benchmarks/results/
+# s30-h100-2026-12-07.md, in isolation): dh's gathered GEMM without the cluster (tma_b_c1: 3.422
+# against 3.780 ms at 120B-n1024, 0.355 against 0.370 at 7B-n256), up_proj's with it (tma_b:
+# 7.300 against 7.591, 0.634 against 0.626).
+GATHER_SCHEDULE_AUTO = {"up_proj": "tma_b", "dh": "tma_b_c1"}
+GATHER_SCHEDULES = ("auto", *GATHER_SCHEDULE_CONFIGS)
 
 
 # Where the dx combine takes the router's x-gradient (combine_add): "kernel" (the CUDA combine
@@ -133,7 +138,8 @@ class FfiKernels(ExpertKernels):
   in the layer step: 0.513 vs 1.304 ms at 30B-n256, 0.317 vs 0.831 at 1.4B-n256, 0.938 vs 1.078
   at 120B-n1024 (the 1.4B-n256 step 3.42 vs 3.94 ms).
   gather_schedule: the schedule of the kernels that gather rows inside the GEMM (``fused_gather``,
-  ``fused_epilogue``), one of GATHER_SCHEDULES: "tma_b" (the default: the producer never waits
+  ``fused_epilogue``), one of GATHER_SCHEDULES: "auto" (GATHER_SCHEDULE_AUTO: tma_b_c1 for dh,
+  tma_b for up_proj), "tma_b" (the default: the producer never waits
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
   weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
   noinc publication) or "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
@@ -257,12 +263,13 @@ class FfiKernels(ExpertKernels):
     offs = plan.group_offsets
     if self._names(self.fused_gather, entry, src.shape[1], n):
       return ops.gathered_grouped_gemm(src, plan.gather_idx, w, offs, fused_kind,
-                                       config=self._gather_config())
+                                       config=self._gather_config(entry))
     return ops.grouped_gemm(self._rows(src, plan), w, offs, kind, config=self._schedule(kind))
 
-  def _gather_config(self) -> ops.GemmConfig:
-    """Config of the in-GEMM gather kernels."""
-    return GATHER_SCHEDULE_CONFIGS[self.gather_schedule]
+  def _gather_config(self, entry: str) -> ops.GemmConfig:
+    """Config of ``entry``'s ("up_proj" or "dh") in-GEMM gather kernel."""
+    sched = self.gather_schedule
+    return GATHER_SCHEDULE_CONFIGS[GATHER_SCHEDULE_AUTO[entry] if sched == "auto" else sched]
 
   def _fuses(self, entry: str) -> bool:
     """Whether ``entry`` ("up_proj" or "dh") runs the fused-epilogue kernel."""
@@ -273,7 +280,7 @@ class FfiKernels(ExpertKernels):
     # copy in all four measured cases (H200, session 16; docs/ffi.md).
     if self._fuses("up_proj"):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
-                                write_h=not inference, config=self._gather_config())
+                                write_h=not inference, config=self._gather_config("up_proj"))
     h = self._gathered_gemm("up_proj", x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
                             GemmKind.VARLEN_M_GATHER_NN_BF16, w1.shape[2] // 2)
     a = ops.swiglu_from_h(h, plan.group_offsets)
@@ -297,7 +304,7 @@ class FfiKernels(ExpertKernels):
   def dh(self, dout, w2, h, scores_grouped, plan):
     if self._fuses("dh"):
       return ops.dh_dswiglu(dout, plan.gather_idx, w2, h, scores_grouped, plan.group_offsets,
-                            config=self._gather_config())
+                            config=self._gather_config("dh"))
     da = self._gathered_gemm("dh", dout, w2, plan, GemmKind.VARLEN_M_NT_F32,
                              GemmKind.VARLEN_M_GATHER_NT_F32, w2.shape[1])
     return ops.dswiglu(da, h, scores_grouped, plan.group_offsets,

@@ -262,7 +262,8 @@ EPILOGUE_VARIANTS = {
     "dh": _epilogue_kernels(fused_epilogue="dh"),
     "both": _epilogue_kernels(fused_epilogue="both"),
     **{f"{fused}:{sched}": _epilogue_kernels(fused_epilogue=fused, gather_schedule=sched)
-       for sched in GATHER_SCHEDULES[1:] for fused in ("dh", "both")},
+       for sched in GATHER_SCHEDULES if sched not in ("auto", "tma_b")
+       for fused in ("dh", "both")},
 }
 
 
