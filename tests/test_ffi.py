@@ -507,14 +507,16 @@ def test_ffi_kernels_fused_epilogue_switch():
 
 
 def test_ffi_kernels_gather_schedule_switch():
-  # tma_b won on the H200 in session 18; it is also each in-GEMM gather kind's default config.
-  assert FfiKernels().gather_schedule == "tma_b"
+  # "auto" (session 30, H100): dh without the cluster, up_proj with it (tma_b won on the H200
+  # in session 18; it is also each in-GEMM gather kind's default config).
+  assert FfiKernels().gather_schedule == "auto"
   assert FfiKernels(gather_schedule="cp_async") != FfiKernels()
-  assert len({FfiKernels(gather_schedule="tma_b"), FfiKernels(gather_schedule="cp_async"),
+  assert len({FfiKernels(gather_schedule="auto"), FfiKernels(gather_schedule="cp_async"),
               FfiKernels(gather_schedule="noinc"), FfiKernels()}) == 3
   assert "gather_schedule='noinc'" in repr(FfiKernels(gather_schedule="noinc"))
   for entry in ("up_proj", "dh"):
-    assert FfiKernels()._gather_config(entry) == GemmConfig.GATHER_TMA_B_128x256_C2x1
+    assert (FfiKernels(gather_schedule="tma_b")._gather_config(entry) ==
+            GemmConfig.GATHER_TMA_B_128x256_C2x1)
     assert (FfiKernels(gather_schedule="cp_async")._gather_config(entry) ==
             GemmConfig.GATHER_COOP_128x256)
     assert (FfiKernels(gather_schedule="noinc")._gather_config(entry) ==
@@ -524,7 +526,7 @@ def test_ffi_kernels_gather_schedule_switch():
   for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
     assert schedules.DEFAULT[kind] == GemmConfig.GATHER_TMA_B_128x256_C2x1
   # "auto": each entry point's fastest in session 30's H100 sweep (dh without the cluster).
-  auto = FfiKernels(gather_schedule="auto")
+  auto = FfiKernels()
   assert auto._gather_config("up_proj") == GemmConfig.GATHER_TMA_B_128x256_C2x1
   assert auto._gather_config("dh") == GemmConfig.GATHER_TMA_B_128x256_C1
   assert auto != FfiKernels(gather_schedule="tma_b_c1") and "gather_schedule='auto'" in repr(auto)
@@ -554,8 +556,9 @@ def test_sweep_epilogue_variants():
   # the sessions that compared the epilogues did.
   none = dict(fused_gather=False, wgrad_gather=False)
   assert names[0] == "separate" and sweep.EPILOGUE_VARIANTS["separate"] == FfiKernels(**none)
-  assert sweep.EPILOGUE_VARIANTS["both"] == FfiKernels(fused_epilogue="both",
-                                                       gather_schedule="tma_b", **none)
+  assert sweep.EPILOGUE_VARIANTS["both"] == FfiKernels(fused_epilogue="both", **none)
+  assert sweep.EPILOGUE_VARIANTS["both:tma_b"] == FfiKernels(fused_epilogue="both",
+                                                             gather_schedule="tma_b", **none)
   assert sweep.EPILOGUE_VARIANTS["both:cp_async"] == FfiKernels(fused_epilogue="both",
                                                                 gather_schedule="cp_async",
                                                                 **none)

@@ -79,7 +79,7 @@ GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
     "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
     "tma_b_c1": ops.GemmConfig.GATHER_TMA_B_128x256_C1,
 }
-# "auto": each entry point's fastest, H100, session 30 (benchmarks/results/
+# "auto" (the default): each entry point's fastest, H100, session 30 (benchmarks/results/
 # s30-h100-2026-12-07.md, in isolation): dh's gathered GEMM without the cluster (tma_b_c1: 3.422
 # against 3.780 ms at 120B-n1024, 0.355 against 0.370 at 7B-n256), up_proj's with it (tma_b:
 # 7.300 against 7.591, 0.634 against 0.626).
@@ -138,8 +138,9 @@ class FfiKernels(ExpertKernels):
   in the layer step: 0.513 vs 1.304 ms at 30B-n256, 0.317 vs 0.831 at 1.4B-n256, 0.938 vs 1.078
   at 120B-n1024 (the 1.4B-n256 step 3.42 vs 3.94 ms).
   gather_schedule: the schedule of the kernels that gather rows inside the GEMM (``fused_gather``,
-  ``fused_epilogue``), one of GATHER_SCHEDULES: "auto" (GATHER_SCHEDULE_AUTO: tma_b_c1 for dh,
-  tma_b for up_proj), "tma_b" (the default: the producer never waits
+  ``fused_epilogue``), one of GATHER_SCHEDULES: "auto" (the default since session 30,
+  GATHER_SCHEDULE_AUTO: tma_b_c1 for dh, tma_b for up_proj; the step at 7B-n256 / 1.4B-n256
+  3.945 / 3.736 ms against tma_b's 3.959 / 3.751 on the H100), "tma_b" (the producer never waits
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
   weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
   noinc publication) or "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
@@ -173,7 +174,7 @@ class FfiKernels(ExpertKernels):
 
   def __init__(self, fused_gather: bool | str = "auto", row_gather: str = "scatter",
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
-               dswiglu: str = "warp", gather_schedule: str = "tma_b",
+               dswiglu: str = "warp", gather_schedule: str = "auto",
                wgrad_gather: bool | str = "auto", combine_add: str = COMBINE_ADD_DEFAULT,
                schedules: Mapping[GemmKind | str, ops.GemmConfig | str] | None = None):
     fused_epilogue = _which("fused_epilogue", fused_epilogue, FUSED_EPILOGUES)

@@ -18,7 +18,7 @@ up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU separate or in
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
-gather_schedule "cp_async" and "noinc" besides the default "tma_b"; --epilogue-variants picks
+gather_schedule "tma_b", "cp_async", "noinc" and "tma_b_c1" besides "auto"; --epilogue-variants picks
 some), each checked against the separate one, and each schedule of the two fused kernels.
 --elementwise-only: the dSwiGLU kernel a block per row against a warp per row
 (``FfiKernels(dswiglu=...)``, checked against each other) and the SwiGLU kernel, with the
@@ -262,8 +262,7 @@ EPILOGUE_VARIANTS = {
     "dh": _epilogue_kernels(fused_epilogue="dh"),
     "both": _epilogue_kernels(fused_epilogue="both"),
     **{f"{fused}:{sched}": _epilogue_kernels(fused_epilogue=fused, gather_schedule=sched)
-       for sched in GATHER_SCHEDULES if sched not in ("auto", "tma_b")
-       for fused in ("dh", "both")},
+       for sched in GATHER_SCHEDULES if sched != "auto" for fused in ("dh", "both")},
 }
 
 
