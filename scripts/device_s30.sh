@@ -11,6 +11,9 @@
 #   the GEMM, which the defaults leave to scatter_rows + CUTLASS there (PROF_BIG=configs; off
 #   by default: session 22 measured dh and dW2 in the GEMM 0.9 ms slower at 120B-n1024 on
 #   the H100, more than config 13 saves on dh).
+# PART=epi (any Hopper GPU): the bf16 epilogues of csrc/gather_gemm.cuh / gather_wgrad.cuh
+#   storing whole 32-byte sectors: their GPU tests, config 14's sweep at 30B-n512 and the
+#   fused-gather sweep at 120B-n1024.
 # PART=bench|gather|sweep|tests|prof|tma: as scripts/device_s29.sh.
 set -uo pipefail
 source scripts/device_env.sh
@@ -43,6 +46,17 @@ dhprof)
     "ffi,ffi:$C1" 0.05
   [[ -n "${PROF_BIG:-}" ]] && PROF_TAG=dhbig kernel_profile "${PROF_BIG_S:-250}" "$PROF_BIG" \
     "ffi,ffi:fused-gather=dh:$C1,ffi:fused-gather=dh:wgrad-gather=dw2:$C1" 0.05
+  ;;
+epi)
+  # The bf16 epilogues storing whole sectors (store_quad_16cols): the GPU tests of every kernel
+  # they touch, then config 14 at 30B-n512 and the in-GEMM gather kinds at 120B-n1024.
+  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "TMA_AB or gathered_gemm_matches or \
+gathered_varlen_k_matches or fused_epilogue_kernels_match or fused_gather_entry_points or \
+fused_epilogue_entry_points or test_backward_entry_points or test_layer_forward_backward"
+  ffi_sweep "${SWEEP_S:-90}" epi-tma "^config|  (down_proj|up_proj|dx_pairs|dw1|dw2)" \
+    --gemms-only --only-schedules TMA_AB_128x256_C1 --configs 32768,4096,512,128,8
+  ffi_sweep "${GATHER_S:-120}" epi-gather "^config|  (up_proj|dh|layer)" \
+    --fused-gather-only --configs 32768,4096,1024,128,8
   ;;
 bench|gather|sweep|tests|prof|tma)
   OUT=$OUT PART=$part bash scripts/device_s29.sh | grep -v "^== \[.*\] done"
