@@ -50,9 +50,11 @@ dhprof)
 epi)
   # The bf16 epilogues storing whole sectors (store_quad_16cols): the GPU tests of every kernel
   # they touch, then config 14 at 30B-n512 and the in-GEMM gather kinds at 120B-n1024.
-  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "TMA_AB or gathered_gemm_matches or \
-gathered_varlen_k_matches or fused_epilogue_kernels_match or fused_gather_entry_points or \
-fused_epilogue_entry_points or test_backward_entry_points or test_layer_forward_backward"
+  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "TMA_AB or (GATHER_TMA_B and \
+(gathered_gemm_matches or fused_epilogue_kernels_match)) or (gathered_varlen_k_matches and \
+TMA_256x128_C2x1) or fused_gather_entry_points or test_backward_entry_points or \
+fused_epilogue_entry_points or (test_layer_forward_backward and topk and (all_gathers_fused or \
+fused_dh or wgrad_gather or (fused_epilogue and not noinc and not cp_async)))"
   ffi_sweep "${SWEEP_S:-90}" epi-tma "^config|  (down_proj|up_proj|dx_pairs|dw1|dw2)" \
     --gemms-only --only-schedules TMA_AB_128x256_C1 --configs 32768,4096,512,128,8
   ffi_sweep "${GATHER_S:-120}" epi-gather "^config|  (up_proj|dh|layer)" \
