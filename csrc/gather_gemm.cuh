@@ -602,7 +602,7 @@ struct GatherGemm {
         const uint32_t w[4] = {pack_bf16x2(acc(g), acc(g + 1)), pack_bf16x2(acc(g + 2), acc(g + 3)),
                                pack_bf16x2(acc(g + 4), acc(g + 5)),
                                pack_bf16x2(acc(g + 6), acc(g + 7))};
-        Bf16* row = reinterpret_cast<Bf16*>(d) + int64_t(r) * p.n + c0;
+        Bf16* row = d + int64_t(r) * p.n + c0;
         store_quad_16cols(w, row, row + 8 * int64_t(p.n), r < tc.rows, r + 8 < tc.rows,
                           n_left - c0);
       }
@@ -805,8 +805,9 @@ struct GatherGemm {
   // Every host layout check that applies to this instantiation (Launcher::run, all_layouts_ok
   // and the plain kinds' checks of config 14).
   static bool layouts_ok() {
+    // quad_groups_ok: store_quad_16cols's groups, and the (c, c + 1) pairs of the fp32 store.
     return (!kFused || layout_ok()) && tma_b_layout_ok() && tma_a_layout_ok() &&
-           (cute::is_same_v<Out, float> && !kFused || quad_groups_ok<TiledMma, kBM, kBN>());
+           quad_groups_ok<TiledMma, kBM, kBN>();
   }
 
   // kNoinc consumers: CUTLASS's `mma` has no place for the proxy fence the noinc publication
