@@ -4,9 +4,10 @@
       --kind VARLEN_M_NN_BF16 --shape 262144,512,4096,128 --configs COOPERATIVE_128x256_C1x1 ...
 
 Random bf16 operands and expert row counts from top-K routing of random logits (T = P / 8,
-K = 8); each schedule runs twice (compile + one more call), so `--launch-skip` / `--launch-count`
-pick the calls to profile. Prints each schedule's wall time of 5 calls as a sanity check; the
-timings that count come from ncu or the sweep (`python -m sonic_jax.ffi.sweep`).
+K = 8, ``sonic_jax.routing.route_logits`` as in the sweep); each schedule runs six times (compile
+and warm-up, then five), so `-c 1` profiles its first launch and `--launch-skip` /
+`--launch-count` others. Prints the mean wall time of the five as a sanity check; the timings
+that count come from ncu or the sweep (`python -m sonic_jax.ffi.sweep`).
 """
 
 from __future__ import annotations
@@ -16,19 +17,12 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sonic_jax.ffi import ops
 from sonic_jax.ffi.schedules import GemmKind
+from sonic_jax.routing import route_logits
 
-
-def group_offsets(rows: int, num_groups: int, top_k: int = 8, seed: int = 0) -> np.ndarray:
-  """(E + 1,) int32 offsets of `rows` expert rows from top-K routing of random logits."""
-  rng = np.random.default_rng(seed)
-  logits = rng.standard_normal((rows // top_k, num_groups), dtype=np.float32)
-  top = np.argpartition(-logits, top_k - 1, axis=1)[:, :top_k]
-  counts = np.bincount(top.ravel(), minlength=num_groups)
-  return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+TOP_K = 8
 
 
 def main() -> None:
@@ -39,8 +33,9 @@ def main() -> None:
   args = ap.parse_args()
   kind = GemmKind[args.kind]
   p, k, n, e = (int(v) for v in args.shape.split(","))
-  offs = jnp.asarray(group_offsets(p, e))
-  ka, kb = jax.random.split(jax.random.key(0))
+  kr, ka, kb = jax.random.split(jax.random.key(0), 3)
+  offs = route_logits(jax.random.normal(kr, (p // TOP_K, e), jnp.float32),
+                      top_k=TOP_K).group_offsets
   a = jax.random.normal(ka, (p, k), jnp.bfloat16)
   nt = kind.name.startswith("VARLEN_M_NT")
   b = jax.random.normal(kb, (e, n, k) if nt else (e, k, n), jnp.bfloat16) * 0.05

@@ -684,8 +684,11 @@ struct GatherGemm {
     const int64_t two_n = 2 * int64_t(p.n);
     const int n_left = p.n - tc.n0;
     const int r_lo = get<0>(coord(0));  // this thread's rows: r_lo and r_lo + 8
-    const float s_lo = r_lo < tc.rows ? __ldg(p.scores + tc.row0 + r_lo) : 0.0f;
-    const float s_hi = r_lo + 8 < tc.rows ? __ldg(p.scores + tc.row0 + r_lo + 8) : 0.0f;
+    const bool ok_lo = r_lo < tc.rows, ok_hi = r_lo + 8 < tc.rows;
+    const float s_lo = ok_lo ? __ldg(p.scores + tc.row0 + r_lo) : 0.0f;
+    const float s_hi = ok_hi ? __ldg(p.scores + tc.row0 + r_lo + 8) : 0.0f;
+    Bf16* const dh_row = p.dh_out + (tc.row0 + r_lo) * two_n + tc.n0;  // (r_lo, n0) of dH
+    Bf16* const ap_row = p.a_prime_out + (tc.row0 + r_lo) * int64_t(p.n) + tc.n0;
     // bf16 pairs as 32-bit words: word (row · 2n + col) / 2 (col even, n even).
     const uint32_t* h_words = reinterpret_cast<const uint32_t*>(p.h_in);
     float dot_lo = 0.0f, dot_hi = 0.0f;
@@ -726,16 +729,14 @@ struct GatherGemm {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kLoadPairs; j += 4) {
         const int c0 = get<1>(coord(2 * (q0 + j))) - 2 * (mma_tid & 3);
-        const int64_t row = tc.row0 + r_lo;
-        const bool ok_r = r_lo < tc.rows, ok_r8 = r_lo + 8 < tc.rows;
         const uint32_t g4[4] = {dgw[j], dgw[j + 1], dgw[j + 2], dgw[j + 3]};
         const uint32_t u4[4] = {duw[j], duw[j + 1], duw[j + 2], duw[j + 3]};
         const uint32_t a4[4] = {apw[j], apw[j + 1], apw[j + 2], apw[j + 3]};
-        Bf16* dh = p.dh_out + row * two_n + tc.n0 + c0;
-        store_quad_16cols(g4, dh, dh + 8 * two_n, ok_r, ok_r8, n_left - c0);
-        store_quad_16cols(u4, dh + p.n, dh + p.n + 8 * two_n, ok_r, ok_r8, n_left - c0);
-        Bf16* ap = p.a_prime_out + row * p.n + tc.n0 + c0;
-        store_quad_16cols(a4, ap, ap + 8 * int64_t(p.n), ok_r, ok_r8, n_left - c0);
+        Bf16* dh = dh_row + c0;
+        store_quad_16cols(g4, dh, dh + 8 * two_n, ok_lo, ok_hi, n_left - c0);
+        store_quad_16cols(u4, dh + p.n, dh + p.n + 8 * two_n, ok_lo, ok_hi, n_left - c0);
+        Bf16* ap = ap_row + c0;
+        store_quad_16cols(a4, ap, ap + 8 * int64_t(p.n), ok_lo, ok_hi, n_left - c0);
       }
     }
     // The quad (lanes 4q .. 4q + 3) holds every column of rows r_lo and r_lo + 8.

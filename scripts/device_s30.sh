@@ -6,13 +6,13 @@
 #   H100 in session 30's first call): where config 14 loses (stall reasons, memory traffic).
 #   Reports in $OUT/ncu-*.txt.
 #   run(command="PART=ncu bash scripts/device_s30.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
-# PART=dhprof (any Hopper GPU): kernel profile of the step with dh's gathered GEMM under
-#   config 13 (gather_schedule tma_b_c1) against the default; at d 4096 also dh (and dW2) in
+# PART=dhprof (any Hopper GPU): kernel profile of the step with gather_schedule tma_b against
+#   auto (dh's gathered GEMM under config 13, tma_b_c1); at d 4096 also dh (and dW2) in
 #   the GEMM, which the defaults leave to scatter_rows + CUTLASS there (PROF_BIG=configs; off
 #   by default: session 22 measured dh and dW2 in the GEMM 0.9 ms slower at 120B-n1024 on
 #   the H100, more than config 13 saves on dh).
-# PART=epi (any Hopper GPU): the bf16 epilogues of csrc/gather_gemm.cuh / gather_wgrad.cuh
-#   storing whole 32-byte sectors: their GPU tests, config 14's sweep at 30B-n512 and the
+# PART=epi (any Hopper GPU): the bf16 epilogues of csrc/gather_gemm.cuh storing whole 32-byte
+#   sectors: their GPU tests, config 14's sweep at 30B-n512 and the
 #   fused-gather sweep at 120B-n1024.
 # PART=bench|gather|sweep|tests|prof|tma: as scripts/device_s29.sh.
 set -uo pipefail
@@ -39,13 +39,13 @@ ncu)
 dhprof)
   # dh's in-GEMM gather without the cluster (config 13: 3.42 against 3.78 ms isolated at
   # 120B-n1024 on the H100, session 30) inside the step: where dh gathers by default (n 256),
-  # the default against gather_schedule tma_b_c1; at d 4096, n >= 512 also dh in the GEMM
-  # with and without dW2 in the GEMM (no scatter of dO at all with both).
-  C1=gather_schedule=auto
+  # gather_schedule tma_b against auto; at d 4096, n >= 512 also dh in the GEMM with and
+  # without dW2 in the GEMM (no scatter of dO at all with both).
+  AUTO=gather_schedule=auto
   PROF_TAG=dh kernel_profile "${PROF_S:-150}" "${PROF_SMALL:-paper-7B-n256,paper-1.4B-n256}" \
-    "ffi,ffi:$C1" 0.05
+    "ffi:gather_schedule=tma_b,ffi:$AUTO" 0.05
   [[ -n "${PROF_BIG:-}" ]] && PROF_TAG=dhbig kernel_profile "${PROF_BIG_S:-250}" "$PROF_BIG" \
-    "ffi,ffi:fused-gather=dh:$C1,ffi:fused-gather=dh:wgrad-gather=dw2:$C1" 0.05
+    "ffi,ffi:fused-gather=dh:$AUTO,ffi:fused-gather=dh:wgrad-gather=dw2:$AUTO" 0.05
   ;;
 epi)
   # The bf16 epilogues storing whole sectors (store_quad_16cols): the GPU tests of every kernel

@@ -198,9 +198,9 @@ def layer_for(spec: str, d: int, n: int, top_k: int):
   # '@' also joins a kind to its schedule in an ffi spec ('ffi:schedule=KIND@CONFIG'), so only
   # a last '@' part naming a route path is one.
   kern_spec, sep, path = spec.rpartition("@")
-  if sep and path not in ROUTE_PATHS and not re.search(r"schedule=[^:@]+@[^:@]+$", spec):
-    raise SystemExit(f"variant {spec!r}: route paths are {ROUTE_PATHS}")
   if path not in ROUTE_PATHS:
+    if sep and not re.search(r"schedule=[^:@]+@[^:@]+$", spec):
+      raise SystemExit(f"variant {spec!r}: route paths are {ROUTE_PATHS}")
     kern_spec, path = spec, ""
   kern = kernels_for(kern_spec, d, n)
   if path in ("", "raw-probs"):
