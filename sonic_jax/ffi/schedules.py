@@ -79,8 +79,9 @@ class GemmConfig(enum.IntEnum):
   GATHER_TMA_B_128x256_C1 = 13
   # Plain bf16 varlen-M and varlen-K kinds (session 29; correct on the H100 but slower than
   # CUTLASS on every GEMM, about 2x at N = 4096: benchmarks/results/s30-h100-2026-12-07.md;
-  # ncu blamed the epilogue's half-sector bf16 stores, whole-sector since session 30 but not
-  # yet timed; opt-in for the sweep): our kernels
+  # ncu blamed the epilogue's half-sector bf16 stores; with whole-sector stores, session 31:
+  # up_proj at parity, down_proj / dx_pairs 7-8 % slower, dW1 / dW2 17-64 % slower,
+  # benchmarks/results/s31-h100-2026-12-07.md; opt-in for the sweep): our kernels
   # (gather_gemm.cuh, gather_wgrad.cuh) with both operands by TMA from one descriptor each, no
   # cluster. CUTLASS's ptr-array kernel rewrites per-group tensor maps whenever a CTA moves to
   # another expert; these never do. Varlen-M masks each tile's rows past its group at the
