@@ -18,10 +18,22 @@ using namespace detail;
 // SwigluNN: kVarlenMGatherSwiGLU; DSwigluNT: kVarlenMGatherDSwiGLU.
 using gather::dispatch_config;
 
+// kVarlenMGatherSwiGLU's schedules: the gather configs, and config 14 (A, already gathered, and
+// W1_e by TMA: up_proj's SwiGLU in the epilogue of the GEMM over the gathered copy of x that dW1
+// shares; no gather_idx).
+template <class Fn>
+static bool dispatch_swiglu(int config, Fn fn) {
+  if (config == static_cast<int>(GemmConfig::kTmaAB128x256C1)) {
+    fn(SwigluNN<gather::TmaAB128x256C1>{});
+    return true;
+  }
+  return dispatch_config<SwigluNN>(config, fn);
+}
+
 int fused_epilogue_tile_n(GemmKind kind, int config) {
   int tile_n = 0;
   auto query = [&](auto g) { tile_n = decltype(g)::Gemm::kTileN; };
-  if (kind == GemmKind::kVarlenMGatherSwiGLU) dispatch_config<SwigluNN>(config, query);
+  if (kind == GemmKind::kVarlenMGatherSwiGLU) dispatch_swiglu(config, query);
   if (kind == GemmKind::kVarlenMGatherDSwiGLU) dispatch_config<DSwigluNT>(config, query);
   return tile_n;
 }
@@ -32,7 +44,7 @@ size_t varlen_m_fused_workspace_bytes(bool dswiglu, int config, int num_groups) 
   if (dswiglu) {
     dispatch_config<DSwigluNT>(config, query);
   } else {
-    dispatch_config<SwigluNN>(config, query);
+    dispatch_swiglu(config, query);
   }
   return bytes;
 }
@@ -47,11 +59,14 @@ std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams
   std::string err;
   auto launch = [&](auto g) { err = g.run(p, stream); };
   const bool found = dswiglu ? dispatch_config<DSwigluNT>(config, launch)
-                             : dispatch_config<SwigluNN>(config, launch);
+                             : dispatch_swiglu(config, launch);
   if (!found) return unsupported_config("varlen-M fused epilogue", config);
   return err;
 }
 
-bool varlen_m_fused_layouts_ok() { return gather::all_layouts_ok<SwigluNN, DSwigluNT>(); }
+bool varlen_m_fused_layouts_ok() {
+  return gather::all_layouts_ok<SwigluNN, DSwigluNT>() &&
+         SwigluNN<gather::TmaAB128x256C1>::Gemm::layouts_ok();
+}
 
 }  // namespace sonic

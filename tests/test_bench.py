@@ -517,6 +517,11 @@ def test_bench_variants_parse_ffi_options():
                                     "VARLEN_M_NN_BF16": "COOPERATIVE_128x256_C2x1"})
   with pytest.raises(SystemExit, match="config must be one of .* for VARLEN_K_BF16"):
     kernels_for("ffi:schedule=VARLEN_K_BF16@PINGPONG_64x256_C2x1")
+  assert kernels_for("ffi:up_proj_epilogue=gemm") == FfiKernels(up_proj_epilogue="gemm")
+  with pytest.raises(SystemExit, match="up_proj_epilogue must be one of"):
+    kernels_for("ffi:up_proj_epilogue=fused")
+  with pytest.raises(SystemExit, match="fused_epilogue and fused_gather must not name up_proj"):
+    kernels_for("ffi:up_proj_epilogue=gemm:fused_epilogue=both")
 
 
 def test_timed_fwdbwd_step_runs_the_whole_forward():

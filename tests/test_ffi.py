@@ -184,8 +184,17 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_SWIGLU),
       ("gather_gemm.cuh", "dispatch_config(int", GemmKind.VARLEN_M_GATHER_DSWIGLU)):
     got = [(int(i), name.lower()) for i, name in cases(path, start)]
-    want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]]
+    want = [(int(c), names[c.value]) for c in schedules.INSTANTIATED[kind]
+            if not (kind == GemmKind.VARLEN_M_GATHER_SWIGLU
+                    and c in schedules.SWIGLU_IN_ORDER_CONFIGS)]
     assert got == want, (path, kind, got, want)
+  # ... and the SwiGLU kind's in-order configs by gemm_varlen_m_swiglu.cu's dispatch_swiglu.
+  body = (CSRC / "gemm_varlen_m_swiglu.cu").read_text()
+  body = body[body.index("dispatch_swiglu(int"):body.index("return dispatch_config<SwigluNN>")]
+  got = re.findall(r"config == static_cast<int>\(GemmConfig::k(\w+)\)\) \{\s*"
+                   r"fn\(SwigluNN<gather::(\w+)>", body)
+  assert [(a.lower(), b.lower()) for a, b in got] == [
+      (names[c.value], names[c.value]) for c in schedules.SWIGLU_IN_ORDER_CONFIGS], got
   # The gathered varlen-K TU builds one schedule, not through a case switch.
   body = (CSRC / "gemm_varlen_k_gather.cu").read_text()
   switch = body[body.index("switch (config)"):body.index("default:")]
@@ -459,6 +468,8 @@ def test_grouped_gemm_refuses_gather_kinds():
     (dict(src_dtype=jnp.float32), "src must be bf16, got float32"),
     (dict(config=GemmConfig.COOPERATIVE_128x256_C2x1),
      "config must be one of .* for VARLEN_M_GATHER_SWIGLU, got 1"),
+    (dict(config=GemmConfig.TMA_AB_128x256_C1),
+     "config TMA_AB_128x256_C1 loads src's rows in order by TMA: pass the gathered rows"),
 ])
 def test_up_proj_swiglu_rejects_bad_arguments(bad, match):
   src = jnp.zeros((16, 32), bad.get("src_dtype", jnp.bfloat16))
@@ -504,6 +515,22 @@ def test_ffi_kernels_fused_epilogue_switch():
                      ("up_proj", ("up_proj",))):
     kern = FfiKernels(fused_epilogue=mode)
     assert tuple(e for e in ("up_proj", "dh") if kern._fuses(e)) == want, mode
+
+
+def test_ffi_kernels_up_proj_epilogue_switch():
+  assert FfiKernels().up_proj_epilogue == "separate"  # opt-in until measured in the step
+  k = FfiKernels(up_proj_epilogue="gemm")
+  assert k != FfiKernels() and "up_proj_epilogue='gemm'" in repr(k)
+  assert len({k, FfiKernels(up_proj_epilogue="gemm"), FfiKernels()}) == 2
+  with pytest.raises(ValueError, match="up_proj_epilogue must be one of \\('separate', 'gemm'\\)"
+                     ", got 'tma'"):
+    FfiKernels(up_proj_epilogue="tma")
+  for bad in (dict(fused_epilogue="up_proj"), dict(fused_epilogue=True),
+              dict(fused_gather="up_proj"), dict(fused_gather=True)):
+    with pytest.raises(ValueError, match="up_proj_epilogue='gemm' reads the gathered copy of x"):
+      FfiKernels(up_proj_epilogue="gemm", **bad)
+  # dh's in-GEMM paths leave x's gathered copy alone.
+  FfiKernels(up_proj_epilogue="gemm", fused_epilogue="dh", fused_gather="dh")
 
 
 def test_ffi_kernels_gather_schedule_switch():
@@ -563,6 +590,7 @@ def test_sweep_epilogue_variants():
                                                                 gather_schedule="cp_async",
                                                                 **none)
   assert {"dh:noinc", "both:noinc", "dh:cp_async"} <= set(names)
+  assert sweep.EPILOGUE_VARIANTS["up_gemm"] == FfiKernels(up_proj_epilogue="gemm", **none)
   with pytest.raises(SystemExit):  # argparse: not one of the choices
     sweep.main(["--fused-epilogue-only", "--epilogue-variants", "separate"])
 
@@ -854,6 +882,7 @@ def test_backward_entry_points_match_xla(routing, data):
 _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused_gather=True),
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
                    "fused_dh": FfiKernels(fused_epilogue="dh"),
+                   "up_proj_epilogue_gemm": FfiKernels(up_proj_epilogue="gemm"),
                    "dswiglu_block": FfiKernels(dswiglu="block"),
                    "fused_gather_noinc": FfiKernels(fused_gather=True, gather_schedule="noinc"),
                    "fused_gather_cp_async": FfiKernels(fused_gather=True,
@@ -1288,7 +1317,10 @@ def test_fused_gather_entry_points_match_xla(routing, data):
 
 
 # ------------------------------------------------ fused SwiGLU / dSwiGLU epilogues (issue #5)
-_FUSED_CONFIGS = list(schedules.INSTANTIATED[GemmKind.VARLEN_M_GATHER_SWIGLU])
+# The configs of both fused kinds that gather (the SwiGLU kind also has in-order ones, below).
+_FUSED_CONFIGS = list(schedules.INSTANTIATED[GemmKind.VARLEN_M_GATHER_DSWIGLU])
+assert set(_FUSED_CONFIGS) == (set(schedules.INSTANTIATED[GemmKind.VARLEN_M_GATHER_SWIGLU])
+                               - set(schedules.SWIGLU_IN_ORDER_CONFIGS))
 
 
 def _fused_problem(case: str):
@@ -1367,6 +1399,43 @@ def test_fused_epilogue_kernels_match_fp64_reference(config, case, gathered):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ROUTINGS + ["ragged"])
+@pytest.mark.parametrize("config", schedules.SWIGLU_IN_ORDER_CONFIGS,
+                         ids=[c.name for c in schedules.SWIGLU_IN_ORDER_CONFIGS])
+def test_in_order_swiglu_kernel_matches_fp64_reference(config, case):
+  """up_proj_swiglu reading the gathered rows in order by TMA (config 14): H and A against the
+  float64 reference and against the unfused GEMM + swiglu_from_h; inference writes the same A;
+  repeated calls give the same bits; no live rows write nothing."""
+  x, _, plan, w1, _, _, _ = _fused_problem(case)
+  offs, idx = plan.group_offsets, plan.gather_idx
+  rows = _rows(plan)
+  n = w1.shape[2] // 2
+  xg = ops.gather_rows(x, idx, offs)
+  up = jax.jit(lambda a, w, o, write_h=True: ops.up_proj_swiglu(a, None, w, o, write_h=write_h,
+                                                                config=config),
+               static_argnames="write_h")
+  h_f, a_f = up(xg, w1, offs)
+  assert h_f.shape == (plan.capacity, 2 * n) and a_f.shape == (plan.capacity, n)
+  h64 = _gather_reference(x, plan, w1, GemmKind.VARLEN_M_GATHER_NN_BF16)
+  assert _rel(h_f, h64, rows) < GATHER_TOL, "H"
+  hb = np.asarray(jnp.asarray(h_f, jnp.float32), np.float64)
+  a64 = _silu(hb[:, :n]) * hb[:, n:]
+  assert _rel(a_f, a64, rows) < BF16_TOL, "A"
+  a_unfused = ops.swiglu_from_h(ops.grouped_gemm(xg, w1, offs, GemmKind.VARLEN_M_NN_BF16), offs)
+  assert _rel(a_f, a_unfused, rows) < BF16_TOL, "A vs unfused"
+  h_none, a_inf = up(xg, w1, offs, write_h=False)
+  assert h_none is None
+  np.testing.assert_array_equal(np.asarray(a_inf, np.float32)[rows],
+                                np.asarray(a_f, np.float32)[rows])
+  h_again, a_again = up(xg, w1, offs)
+  np.testing.assert_array_equal(np.asarray(h_again, np.float32)[rows],
+                                np.asarray(h_f, np.float32)[rows])
+  np.testing.assert_array_equal(np.asarray(a_again, np.float32)[rows],
+                                np.asarray(a_f, np.float32)[rows])
+  jax.block_until_ready(up(xg, w1, jnp.zeros_like(offs)))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("config", _FUSED_CONFIGS, ids=[c.name for c in _FUSED_CONFIGS])
 def test_fused_epilogue_kernels_are_deterministic_and_handle_no_rows(config):
   x, dout, plan, w1, w2, h, s = _fused_problem("topk")
@@ -1394,13 +1463,14 @@ def test_fused_epilogue_entry_points_match_xla(routing, data):
   p = plan.capacity
   fused, ref = FfiKernels(fused_epilogue="both"), XlaKernels()
   rows = _rows(plan)
-  h, a = jax.jit(fused.up_proj)(data["x"], data["w1"], plan)
   h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)
-  assert _rel(h, h_ref, rows) < BF16_TOL
-  assert _rel(a, a_ref, rows) < BF16_TOL
-  h_none, a_inf = jax.jit(lambda x, w, pl: fused.up_proj(x, w, pl, inference=True))(
-      data["x"], data["w1"], plan)
-  assert h_none is None and _rel(a_inf, a_ref, rows) < BF16_TOL
+  for up in (fused, FfiKernels(up_proj_epilogue="gemm")):
+    h, a = jax.jit(up.up_proj)(data["x"], data["w1"], plan)
+    assert _rel(h, h_ref, rows) < BF16_TOL, up
+    assert _rel(a, a_ref, rows) < BF16_TOL, up
+    h_none, a_inf = jax.jit(lambda x, w, pl, up=up: up.up_proj(x, w, pl, inference=True))(
+        data["x"], data["w1"], plan)
+    assert h_none is None and _rel(a_inf, a_ref, rows) < BF16_TOL, up
   s = plan.grouped_scores()
   dh, a_prime, ds = jax.jit(fused.dh)(data["dout"], data["w2"], data["h"][:p], s, plan)
   dh_r, a_prime_r, ds_r = ref.dh(data["dout"], data["w2"], data["h"][:p], s, plan)

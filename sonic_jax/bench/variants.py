@@ -16,7 +16,8 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 or for one entry point),
 ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
 ``dswiglu=<block|warp>``, ``gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1>``,
-``combine_add=<kernel|xla>`` and ``schedule=<kind>@<config>`` (repeatable:
+``combine_add=<kernel|xla>``, ``up_proj_epilogue=<separate|gemm>`` and
+``schedule=<kind>@<config>`` (repeatable:
 ``FfiKernels(schedules={kind: config})``), e.g. ``ffi:dw1-last``,
 ``ffi:fused_epilogue=dh:gather_schedule=tma_b`` or
 ``ffi:schedule=VARLEN_M_NN_BF16@COOPERATIVE_128x256_C2x1``.
@@ -61,7 +62,7 @@ FFI_OPTIONS = ("dw1-last", "fused-gather[=<up_proj|dh>]", "wgrad-gather[=<dw1|dw
                "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
                "gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1>", "combine_add=<kernel|xla>",
-               "schedule=<kind>@<config>")
+               "up_proj_epilogue=<separate|gemm>", "schedule=<kind>@<config>")
 
 
 def _ffi_kernels(spec: str):
@@ -84,6 +85,8 @@ def _ffi_kernels(spec: str):
       kw["gather_schedule"] = o.split("=", 1)[1]
     elif o.startswith("combine_add="):
       kw["combine_add"] = o.split("=", 1)[1]
+    elif o.startswith("up_proj_epilogue="):
+      kw["up_proj_epilogue"] = o.split("=", 1)[1]
     elif o.startswith("schedule=") and "@" in o:
       kind, config = o.split("=", 1)[1].split("@", 1)
       kw.setdefault("schedules", {})[kind] = config

@@ -45,6 +45,10 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # scattered.
 FUSED_GATHERS = ("auto", "none", "up_proj", "dh", "both")
 WGRAD_GATHERS = ("auto", "none", "dw1", "dw2", "both")
+# up_proj's SwiGLU without the in-GEMM gather: "separate" (the GEMM writes H, then
+# swiglu_from_h) or "gemm" (config 14's TMA GEMM over the gathered copy of x writes H and A from
+# its epilogue; that copy is dW1's too).
+UP_PROJ_EPILOGUES = ("separate", "gemm")
 
 
 def dout_in_gemm(d: int, n: int) -> bool:
@@ -156,6 +160,13 @@ class FfiKernels(ExpertKernels):
   ``fused_gather`` no (P, d) copy of x or dO is made in a training step;
   ``fused_gather="dh", wgrad_gather="dw2"`` makes none of dO. dW1 in the GEMM is slower than
   scatter + CUTLASS's varlen-K GEMM inside the step (1.2-1.4x, session 22, docs/ffi.md).
+  up_proj_epilogue: one of UP_PROJ_EPILOGUES: "separate" (the default: CUTLASS's GEMM writes H,
+  then ``swiglu_from_h`` reads it back for A) or "gemm" (one kernel, config 14
+  ``TMA_AB_128x256_C1`` with the SwiGLU epilogue, over the same gathered copy of x that dW1
+  reads: unlike ``fused_epilogue="up_proj"`` it leaves dW1 its copy). Not with a
+  ``fused_epilogue`` or ``fused_gather`` that names up_proj. Opt-in: that kernel took 3.565 /
+  0.652 / 7.556 ms at 30B-n512 / 7B-n256 / 120B-n1024 against 3.290 / 0.598 / 7.002 for the
+  two it replaces (H100, session 31, benchmarks/results/s31-h100-2026-12-07.md).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -176,8 +187,12 @@ class FfiKernels(ExpertKernels):
                dw1_last: bool = False, fused_epilogue: bool | str = "none",
                dswiglu: str = "warp", gather_schedule: str = "auto",
                wgrad_gather: bool | str = "auto", combine_add: str = COMBINE_ADD_DEFAULT,
-               schedules: Mapping[GemmKind | str, ops.GemmConfig | str] | None = None):
+               schedules: Mapping[GemmKind | str, ops.GemmConfig | str] | None = None,
+               up_proj_epilogue: str = "separate"):
     fused_epilogue = _which("fused_epilogue", fused_epilogue, FUSED_EPILOGUES)
+    if up_proj_epilogue not in UP_PROJ_EPILOGUES:
+      raise ValueError(f"up_proj_epilogue must be one of {UP_PROJ_EPILOGUES}, got "
+                       f"{up_proj_epilogue!r}")
     if gather_schedule not in GATHER_SCHEDULES:
       raise ValueError(f"gather_schedule must be one of {GATHER_SCHEDULES}, got "
                        f"{gather_schedule!r}")
@@ -191,6 +206,11 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"row_gather must be 'gather' or 'scatter', got {row_gather!r}")
     if combine_add not in ("kernel", "xla"):
       raise ValueError(f"combine_add must be 'kernel' or 'xla', got {combine_add!r}")
+    if up_proj_epilogue == "gemm" and (fused_epilogue in ("up_proj", "both")
+                                       or fused_gather in ("up_proj", "both")):
+      raise ValueError("up_proj_epilogue='gemm' reads the gathered copy of x: fused_epilogue and "
+                       f"fused_gather must not name up_proj (got fused_epilogue={fused_epilogue!r}"
+                       f", fused_gather={fused_gather!r})")
     self.fused_gather = fused_gather
     self.row_gather = row_gather
     self.dw1_last = dw1_last
@@ -200,11 +220,12 @@ class FfiKernels(ExpertKernels):
     self.wgrad_gather = wgrad_gather
     self.combine_add_impl = combine_add
     self.schedules = _schedule_overrides(schedules)
+    self.up_proj_epilogue = up_proj_epilogue
 
   def _key(self):
     return (self.fused_gather, self.row_gather, self.dw1_last, self.fused_epilogue,
             self.dswiglu, self.gather_schedule, self.wgrad_gather, self.combine_add_impl,
-            self.schedules)
+            self.schedules, self.up_proj_epilogue)
 
   # Value semantics: the custom_vjp expert block is cached per backend instance
   # (experts._expert_block), so equal configurations share one trace.
@@ -218,7 +239,8 @@ class FfiKernels(ExpertKernels):
     return (f"FfiKernels(fused_gather={self.fused_gather!r}, row_gather={self.row_gather!r}, "
             f"dw1_last={self.dw1_last}, fused_epilogue={self.fused_epilogue!r}, "
             f"dswiglu={self.dswiglu!r}, gather_schedule={self.gather_schedule!r}, "
-            f"wgrad_gather={self.wgrad_gather!r}, combine_add={self.combine_add_impl!r}"
+            f"wgrad_gather={self.wgrad_gather!r}, combine_add={self.combine_add_impl!r}, "
+            f"up_proj_epilogue={self.up_proj_epilogue!r}"
             + (f", schedules={ {k.name: c.name for k, c in self.schedules} }"
                if self.schedules else "") + ")")
 
@@ -282,6 +304,10 @@ class FfiKernels(ExpertKernels):
     if self._fuses("up_proj"):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
                                 write_h=not inference, config=self._gather_config("up_proj"))
+    if self.up_proj_epilogue == "gemm":
+      return ops.up_proj_swiglu(self._rows(x, plan), None, w1, plan.group_offsets,
+                                write_h=not inference,
+                                config=ops.GemmConfig.TMA_AB_128x256_C1)
     h = self._gathered_gemm("up_proj", x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
                             GemmKind.VARLEN_M_GATHER_NN_BF16, w1.shape[2] // 2)
     a = ops.swiglu_from_h(h, plan.group_offsets)

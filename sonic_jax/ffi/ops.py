@@ -216,7 +216,8 @@ def up_proj_swiglu(src: jax.Array, gather_idx: jax.Array | None, w1: jax.Array,
 
   src (T, d) with gather_idx (P,), or the gathered rows (P, d) with gather_idx None; w1
   (E, d, 2n) bf16 in the concat layout. write_h=False (inference) writes only A and returns
-  (None, A). Rows from group_offsets[-1] on are left unwritten.
+  (None, A). Rows from group_offsets[-1] on are left unwritten. The configs in
+  schedules.SWIGLU_IN_ORDER_CONFIGS load src by TMA and need gather_idx None.
   """
   if w1.ndim != 3 or w1.shape[2] % 2:
     raise ValueError(f"up_proj_swiglu: w1 must be (E, d, 2n), got {w1.shape}")
@@ -226,6 +227,9 @@ def up_proj_swiglu(src: jax.Array, gather_idx: jax.Array | None, w1: jax.Array,
   kind = GemmKind.VARLEN_M_GATHER_SWIGLU
   config = schedules.check(kind, schedules.pick(kind, n, w1.shape[1]) if config is None
                            else config)
+  if gathered and config in schedules.SWIGLU_IN_ORDER_CONFIGS:
+    raise ValueError(f"up_proj_swiglu: config {config.name} loads src's rows in order by TMA: "
+                     "pass the gathered rows (P, d) with gather_idx=None")
   ws = _lib.gemm_workspace_bytes(int(kind), int(config), group_offsets.shape[0] - 1)
   h, a, _ = _call("sonic_jax_up_proj_swiglu",
                   (jax.ShapeDtypeStruct((p if write_h else 0, 2 * n), _BF16),

@@ -116,7 +116,9 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
                              GemmConfig.TMA_AB_128x256_C1),
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
-    GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS,
+    # And config 14 (session 31): A already gathered and W1_e by TMA, SwiGLU in the epilogue
+    # (correct; 8-9 % slower than CUTLASS's GEMM + swiglu_from_h on the H100).
+    GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS + (GemmConfig.TMA_AB_128x256_C1,),
     GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
     # 6, 8 and 9: the operand read in order (dW1's dH, dW2's A') by TMA, multicast over a
     # 2-CTA cluster on a 128 x 256 (6) or 256 x 128 (8) tile, or without one on 256 x 128 (9).
@@ -170,6 +172,11 @@ IN_ORDER_WGRAD: dict[str, GemmConfig] = {
 }
 # The schedules that read one operand in order by TMA (a_idx or b_idx must be None): all but the
 # one that copies both by cp.async.
+# Configs of VARLEN_M_GATHER_SWIGLU that read src's rows in order by TMA (no gather_idx):
+# up_proj's SwiGLU in the epilogue of the GEMM over the gathered copy of x (csrc/
+# gemm_varlen_m_swiglu.cu's dispatch_swiglu; FfiKernels(up_proj_epilogue="gemm")).
+SWIGLU_IN_ORDER_CONFIGS = (GemmConfig.TMA_AB_128x256_C1,)
+
 IN_ORDER_WGRAD_CONFIGS = tuple(c for c in INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]
                                if c != GemmConfig.GATHER_COOP_128x256)
 

@@ -18,8 +18,9 @@ up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU separate or in
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
-gather_schedule "tma_b", "cp_async", "noinc" and "tma_b_c1" besides "auto"; --epilogue-variants picks
-some), each checked against the separate one, and each schedule of the two fused kernels.
+gather_schedule "tma_b", "cp_async", "noinc" and "tma_b_c1" besides "auto", and "up_gemm":
+up_proj_epilogue="gemm"; --epilogue-variants picks some), each checked against the separate
+one, and each schedule of the two fused kernels (config 14's SwiGLU on the gathered copy).
 --elementwise-only: the dSwiGLU kernel a block per row against a warp per row
 (``FfiKernels(dswiglu=...)``, checked against each other) and the SwiGLU kernel, with the
 bandwidth each reaches on the bytes it must move, next to a device-to-device copy of as many bytes.
@@ -261,6 +262,9 @@ EPILOGUE_VARIANTS = {
     "separate": _epilogue_kernels(fused_epilogue="none"),
     "dh": _epilogue_kernels(fused_epilogue="dh"),
     "both": _epilogue_kernels(fused_epilogue="both"),
+    # SwiGLU in the epilogue of config 14's GEMM over the gathered copy (FfiKernels'
+    # up_proj_epilogue="gemm"), dh's dSwiGLU separate.
+    "up_gemm": _epilogue_kernels(up_proj_epilogue="gemm"),
     **{f"{fused}:{sched}": _epilogue_kernels(fused_epilogue=fused, gather_schedule=sched)
        for sched in GATHER_SCHEDULES if sched != "auto" for fused in ("dh", "both")},
 }
@@ -318,7 +322,10 @@ def run_fused_epilogue(t, d, n, e, k, iters, variants=None):
       ("dh_dswiglu", GemmKind.VARLEN_M_GATHER_DSWIGLU, ops.dh_dswiglu, (dout, idx, w2, h, s, offs),
        2 * rows * d * n)):
     for cfg in schedules.INSTANTIATED[kind]:
-      ms, timer, _ = gpu_ms(jax.jit(lambda *a, c=int(cfg), f=f: f(*a, config=c)), *args,
+      cargs = args
+      if cfg in schedules.SWIGLU_IN_ORDER_CONFIGS:  # the gathered copy, read in order by TMA
+        cargs = (ops.gather_rows(x, idx, offs), None, *args[2:])
+      ms, timer, _ = gpu_ms(jax.jit(lambda *a, c=int(cfg), f=f: f(*a, config=c)), *cargs,
                             iters=iters)
       out.append(dict(kind="fused_epilogue_kernel", name=name, config=cfg.name, ffi_ms=ms,
                       ffi_tflops=flops / ms / 1e9, timer=timer))

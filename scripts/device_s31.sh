@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 31's device calls (carry the built library, ABI 14: sonic_jax/ffi/libsonic_jax_cuda.so).
+# PART=swiglu (any Hopper GPU): up_proj's SwiGLU in the epilogue of config 14's TMA GEMM over
+#   the gathered copy of x (FfiKernels(up_proj_epilogue="gemm"), not yet run on a GPU): its GPU
+#   tests, then the kernel profile of the step against the defaults.
+#   run(command="PART=swiglu bash scripts/device_s31.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# PART=auto: the layer benchmark (scripts/device_s29.sh bench) on an H200, swiglu elsewhere.
+# PART=bench|epi|ncu|dhprof|...: as scripts/device_s30.sh.
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s31_out}
+begin_call
+for part in ${PART//,/ }; do
+if [[ $part == auto ]]; then
+  grep -q H200 "$OUT/gpu.txt" && part=bench || part=swiglu
+fi
+case $part in
+swiglu)
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "in_order_swiglu or \
+fused_epilogue_entry_points or (test_layer_forward_backward and up_proj_epilogue_gemm)"
+  PROF_TAG=swiglu kernel_profile "${PROF_S:-240}" \
+    "${PROF_CONFIGS:-paper-30B-n512,paper-7B-n256,paper-120B-n1024}" \
+    "ffi,ffi:up_proj_epilogue=gemm" 0.05
+  ;;
+*)
+  OUT=$OUT PART=$part BENCH_TAG=${BENCH_TAG:-s31} bash scripts/device_s30.sh \
+    | grep -v "^== \[.*\] done"
+  ;;
+esac
+done
+echo "== [$(since) s] done"
