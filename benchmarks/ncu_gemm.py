@@ -8,6 +8,10 @@ K = 8, ``sonic_jax.routing.route_logits`` as in the sweep); each schedule runs s
 and warm-up, then five), so `-c 1` profiles its first launch and `--launch-skip` /
 `--launch-count` others. Prints the mean wall time of the five as a sanity check; the timings
 that count come from ncu or the sweep (`python -m sonic_jax.ffi.sweep`).
+
+``--kind VARLEN_M_GATHER_SWIGLU`` runs ``ops.up_proj_swiglu`` on the rows in order (N = 2n,
+W1's columns; configs of ``schedules.SWIGLU_IN_ORDER_CONFIGS``), to set the SwiGLU epilogue
+against the plain one of the same schedule (``--kind VARLEN_M_NN_BF16``, same shape).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ TOP_K = 8
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--kind", required=True, help="a plain varlen-M GemmKind name")
+  ap.add_argument("--kind", required=True,
+                  help="a plain varlen-M GemmKind name, or VARLEN_M_GATHER_SWIGLU")
   ap.add_argument("--shape", required=True, help="P,K,N,E: rows, contraction, columns, experts")
   ap.add_argument("--configs", nargs="+", required=True, help="GemmConfig names")
   args = ap.parse_args()
@@ -40,7 +45,12 @@ def main() -> None:
   nt = kind.name.startswith("VARLEN_M_NT")
   b = jax.random.normal(kb, (e, n, k) if nt else (e, k, n), jnp.bfloat16) * 0.05
   for name in args.configs:
-    f = jax.jit(lambda a, b, o, c=ops.GemmConfig[name]: ops.grouped_gemm(a, b, o, kind, config=c))
+    if kind == GemmKind.VARLEN_M_GATHER_SWIGLU:  # (H, A) from the rows in order
+      f = jax.jit(lambda a, b, o, c=ops.GemmConfig[name]: ops.up_proj_swiglu(a, None, b, o,
+                                                                              config=c)[1])
+    else:
+      f = jax.jit(lambda a, b, o, c=ops.GemmConfig[name]: ops.grouped_gemm(a, b, o, kind,
+                                                                            config=c))
     f(a, b, offs).block_until_ready()
     t0 = time.perf_counter()
     for _ in range(5):

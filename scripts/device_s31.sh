@@ -4,6 +4,9 @@
 #   the gathered copy of x (FfiKernels(up_proj_epilogue="gemm"), not yet run on a GPU): its GPU
 #   tests, then the kernel profile of the step against the defaults.
 #   run(command="PART=swiglu bash scripts/device_s31.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# PART=ncuswiglu (any Hopper GPU): Nsight Compute on config 14's plain up_proj GEMM (H) and its
+#   SwiGLU one (H and A), P = 262144, K = 4096, 2n = 1024 (paper-30B-n512): why the SwiGLU
+#   epilogue costs ~0.5 ms there (reports in $OUT/ncu-*.txt).
 # PART=auto: the layer benchmark (scripts/device_s29.sh bench) on an H200, swiglu elsewhere.
 # PART=bench|epi|ncu|dhprof|...: as scripts/device_s30.sh.
 set -uo pipefail
@@ -21,6 +24,11 @@ fused_epilogue_entry_points or (test_layer_forward_backward and up_proj_epilogue
   PROF_TAG=swiglu kernel_profile "${PROF_S:-240}" \
     "${PROF_CONFIGS:-paper-30B-n512,paper-7B-n256,paper-120B-n1024}" \
     "ffi,ffi:up_proj_epilogue=gemm" 0.05
+  ;;
+ncuswiglu)
+  NCU_SHAPE=262144,4096,1024,128 NCU_RUNS="VARLEN_M_NN_BF16:TMA_AB_128x256_C1:gather_gemm_kernel \
+VARLEN_M_GATHER_SWIGLU:TMA_AB_128x256_C1:gather_gemm_kernel" OUT=$OUT PART=ncu \
+    bash scripts/device_s30.sh | grep -v "^== \[.*\] done"
   ;;
 *)
   OUT=$OUT PART=$part BENCH_TAG=${BENCH_TAG:-s31} bash scripts/device_s30.sh \
