@@ -40,6 +40,7 @@
 
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/cuda_host_adapter.hpp"
 #include "cutlass/pipeline/pipeline.hpp"
 #include "grouped_gemm.cuh"
@@ -51,9 +52,9 @@ namespace gather {
 using Bf16 = cutlass::bfloat16_t;
 
 // Tile schedules of the gather kinds (sonic::GemmConfig 4, 5 and 6). Cooperative: the two consumer
-// warpgroups split the M rows of one tile. No setmaxnreg: all 384 threads fit in 168 registers
-// (ptxas: 154-160 for 128x256 with the plain and SwiGLU epilogues; the dSwiGLU one spills 120
-// bytes there), while taking the producer down to 40 spilled.
+// warpgroups split the M rows of one tile. All 384 threads fit in 168 registers (ptxas: 154-160
+// for 128x256 with the plain and SwiGLU epilogues), except the dSwiGLU epilogue's consumers,
+// which take registers from the producer by setmaxnreg (kRegRealloc).
 // kTmaB = false: the producer copies A and B_e with cp.async, one CTA per tile, no cluster.
 // kTmaB = true: only A (the gathered rows) uses cp.async; B_e comes by TMA, multicast over a
 // 2 x 1 cluster whose two CTAs take neighbouring M blocks of one expert and the same N block, so
@@ -323,6 +324,19 @@ struct GatherGemm {
 
   static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kMmaThreads = cute::size(TiledMma{});
+  // The dSwiGLU epilogue at BN = 256 only (an opt-in kind): setmaxnreg moves registers from the
+  // producer to the consumers, whose 128 fp32 accumulators leave 40 of the launch's 168
+  // registers for that epilogue. ptxas (session 31), spill stores without / with: 88 / 12 bytes
+  // under config 13, 128 / 0 under config 6, 412 / 96 under config 5, 292 / 208 under config 7.
+  // Elsewhere nothing spills at 168, and moving registers made the cp.async producers spill
+  // (the SwiGLU kind under config 7: 0 / 260 bytes). The producer of kTmaA is one thread issuing
+  // TMA copies; the cp.async producer needs more, the more so when it also copies B.
+  static constexpr bool kRegRealloc = kEpi == Epi::kDSwiGLU && kBN == 256;
+  static constexpr int kProducerRegs = kTmaA ? 40 : kTmaB ? 56 : 72;
+  static constexpr int kConsumerRegs = kTmaA ? 232 : kTmaB ? 224 : 216;
+  static_assert(!kRegRealloc || kProducerThreads * kProducerRegs +
+                                    2 * cutlass::NumThreadsPerWarpGroup * kConsumerRegs <= 65536,
+                "setmaxnreg: the register file holds 64 K registers");
   static_assert(kEpi != Epi::kDSwiGLU || kMmaThreads == 2 * kBM,
                 "prefetch_h: one consumer thread per (row, half)");
   static constexpr int kThreads = kProducerThreads + kMmaThreads;
@@ -659,7 +673,9 @@ struct GatherGemm {
   // H is read in chunks of kLoadPairs column pairs whose loads are all issued before any of
   // their stores (the compiler cannot move a load past a store that might alias it), after
   // prefetch_h pulled the tile's rows into L2 while the mainloop ran.
-  static constexpr int kLoadPairs = kBN == 256 ? 4 : 8;  // 128 x 256 spills with more
+  // 128 x 256 spilled with 8 at the launch's 168 registers; with kRegRealloc's 224 it spills
+  // no more than with 4 (ptxas, session 31).
+  static constexpr int kLoadPairs = kBN == 256 && !kRegRealloc ? 4 : 8;
   static_assert(kLoadPairs % 4 == 0, "whole store_quad_16cols groups per chunk");
 
   static __device__ void prefetch_h(const Params& p, const TileCoord& tc, int mma_tid) {
@@ -902,6 +918,7 @@ struct GatherGemm {
     const int first = blockIdx.x / kClusterM, step = gridDim.x / kClusterM;
 
     if (wg == 0) {
+      if constexpr (kRegRealloc) cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
       PipeState state = cutlass::make_producer_start_state<Pipeline>();
       Publisher pub{state};
       const int tid = threadIdx.x;
@@ -927,6 +944,7 @@ struct GatherGemm {
         pipe.producer_tail(state);
       }
     } else {
+      if constexpr (kRegRealloc) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       PipeState state;
       const int mma_tid = threadIdx.x - kProducerThreads;
       for (int tile = first; tile < total; tile += step) {

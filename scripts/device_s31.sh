@@ -7,6 +7,11 @@
 # PART=ncuswiglu (any Hopper GPU): Nsight Compute on config 14's plain up_proj GEMM (H) and its
 #   SwiGLU one (H and A), P = 262144, K = 4096, 2n = 1024 (paper-30B-n512): why the SwiGLU
 #   epilogue costs ~0.5 ms there (reports in $OUT/ncu-*.txt).
+# PART=dhregs (any Hopper GPU): the dSwiGLU epilogue's consumers with 224 registers by setmaxnreg
+#   and 8-pair H loads (kRegRealloc, not yet run on a GPU): the GPU tests of the dSwiGLU kernels
+#   and entry points, then the kernel profile of fused_epilogue="dh" against the defaults (call 2
+#   of session 31: its kernel 4.268 / 1.251 ms at 30B-n512 / 7B-n256 against 3.178 / 0.582 for
+#   the separate kernels).
 # PART=auto: the layer benchmark (scripts/device_s29.sh bench) on an H200, swiglu elsewhere.
 # PART=bench|epi|ncu|dhprof|...: as scripts/device_s30.sh.
 set -uo pipefail
@@ -24,6 +29,12 @@ fused_epilogue_entry_points or (test_layer_forward_backward and up_proj_epilogue
   PROF_TAG=swiglu kernel_profile "${PROF_S:-240}" \
     "${PROF_CONFIGS:-paper-30B-n512,paper-7B-n256,paper-120B-n1024}" \
     "ffi,ffi:up_proj_epilogue=gemm" 0.05
+  ;;
+dhregs)
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "fused_epilogue_kernels or \
+fused_epilogue_entry_points or (test_layer_forward_backward and (fused_dh or fused_epilogue))"
+  PROF_TAG=dhregs kernel_profile "${PROF_S:-200}" "${PROF_CONFIGS:-paper-30B-n512,paper-7B-n256}" \
+    "ffi,ffi:fused_epilogue=dh" 0.05
   ;;
 ncuswiglu)
   NCU_SHAPE=262144,4096,1024,128 NCU_RUNS="VARLEN_M_NN_BF16:TMA_AB_128x256_C1:gather_gemm_kernel \
