@@ -170,13 +170,13 @@ IN_ORDER_WGRAD: dict[str, GemmConfig] = {
     "b": GemmConfig.GATHER_TMA_B_128x256_C2x1,  # dW1: dH (N = 2n) in order, x (M = d) gathered
     "a": GemmConfig.GATHER_TMA_256x128_C2x1,    # dW2: A' (M = n) in order, dO (N = d) gathered
 }
-# The schedules that read one operand in order by TMA (a_idx or b_idx must be None): all but the
-# one that copies both by cp.async.
 # Configs of VARLEN_M_GATHER_SWIGLU that read src's rows in order by TMA (no gather_idx):
 # up_proj's SwiGLU in the epilogue of the GEMM over the gathered copy of x (csrc/
 # gemm_varlen_m_swiglu.cu's dispatch_swiglu; FfiKernels(up_proj_epilogue="gemm")).
 SWIGLU_IN_ORDER_CONFIGS = (GemmConfig.TMA_AB_128x256_C1,)
 
+# The schedules that read one operand in order by TMA (a_idx or b_idx must be None): all but the
+# one that copies both by cp.async.
 IN_ORDER_WGRAD_CONFIGS = tuple(c for c in INSTANTIATED[GemmKind.VARLEN_K_GATHER_BF16]
                                if c != GemmConfig.GATHER_COOP_128x256)
 
