@@ -13,6 +13,8 @@
 #   of session 31: its kernel 4.268 / 1.251 ms at 30B-n512 / 7B-n256 against 3.178 / 0.582 for
 #   the separate kernels).
 # PART=auto: the layer benchmark (scripts/device_s29.sh bench) on an H200, swiglu elsewhere.
+# PART=next (session 32's first call): on an H200 the layer benchmark; elsewhere dhregs, then
+#   ncuswiglu.
 # PART=bench|epi|ncu|dhprof|...: as scripts/device_s30.sh.
 set -uo pipefail
 source scripts/device_env.sh
@@ -22,6 +24,10 @@ for part in ${PART//,/ }; do
 if [[ $part == auto ]]; then
   grep -q H200 "$OUT/gpu.txt" && part=bench || part=swiglu
 fi
+if [[ $part == next ]]; then
+  grep -q H200 "$OUT/gpu.txt" && part=bench || part="dhregs ncuswiglu"
+fi
+for part in $part; do
 case $part in
 swiglu)
   gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "in_order_swiglu or \
@@ -46,5 +52,6 @@ VARLEN_M_GATHER_SWIGLU:TMA_AB_128x256_C1:gather_gemm_kernel" OUT=$OUT PART=ncu \
     | grep -v "^== \[.*\] done"
   ;;
 esac
+done
 done
 echo "== [$(since) s] done"
