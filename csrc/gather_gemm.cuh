@@ -102,6 +102,37 @@ struct TmaAB128x256C1 {
   static constexpr bool kTmaB = true, kNoinc = true, kTmaA = true;
   static constexpr int kCluster = 1;
 };
+// Session 32 (compiled and layout-checked on the CPU, not yet run on a GPU): ping-pong. Each
+// consumer warpgroup owns a whole 64 x 256 tile (m64n256 wgmmas) and the two take this CTA's
+// tiles in turn, so one warpgroup's epilogue runs under the other's mainloop (SonicMoE runs its
+// dH kernel ping-pong for that reason). B_e by TMA multicast over a 2 x 1 cluster (the two CTAs
+// take neighbouring 64-row blocks: per CTA as many B bytes from L2 per output row as the
+// 128 x 256 tile without a cluster) or, C1, without one; A by cp.async through gather_idx.
+struct GatherPingpong64x256C2x1 {
+  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true, kPingpong = true;
+};
+struct GatherPingpong64x256C1 {
+  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true, kPingpong = true;
+  static constexpr int kCluster = 1;
+};
+// ... and TmaAB128x256C1's ping-pong form (A in order by TMA too), for the SwiGLU epilogue over
+// the gathered copy of x (sonic::GemmConfig 17).
+struct TmaABPingpong64x256C1 {
+  using Tile = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  static constexpr bool kTmaB = true, kNoinc = true, kTmaA = true, kPingpong = true;
+  static constexpr int kCluster = 1;
+};
+// Whether a config is ping-pong: false unless it says kPingpong.
+template <class C, class = void>
+struct PingpongOf {
+  static constexpr bool value = false;
+};
+template <class C>
+struct PingpongOf<C, std::void_t<decltype(C::kPingpong)>> {
+  static constexpr bool value = C::kPingpong;
+};
 // Whether a config loads A by TMA (TmaAB128x256C1): false unless it says kTmaA.
 template <class C, class = void>
 struct TmaAOf {
@@ -131,24 +162,53 @@ struct GatherTma256x128C2x1 {
 
 // The CUTLASS collective whose types (TiledMma, swizzled stage layouts, stage count, pipeline)
 // and consumer half (`mma`) the kernel uses: the cp.async one, or the TMA one of a 2 x 1 cluster,
-// whose PipelineTmaAsync releases a stage to both CTAs' producers.
-template <bool kTmaB, class LayoutB, class Tile, int kCluster = 2>
+// whose PipelineTmaAsync releases a stage to both CTAs' producers. Ping-pong: the same with the
+// one-warpgroup TiledMma of CUTLASS's ping-pong schedules.
+template <bool kTmaB, class LayoutB, class Tile, int kCluster = 2, bool kPingpong = false>
 struct MainloopOf {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
       cutlass::layout::RowMajor, 8, cutlass::bfloat16_t, LayoutB, 8, float, Tile,
       cute::Shape<cute::_1, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<1024>,
-      cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;
+      cute::conditional_t<kPingpong, cutlass::gemm::KernelCpAsyncWarpSpecializedPingpong,
+                          cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>>::CollectiveOp;
 };
-template <class LayoutB, class Tile, int kCluster>
-struct MainloopOf<true, LayoutB, Tile, kCluster> {
+template <class LayoutB, class Tile, int kCluster, bool kPingpong>
+struct MainloopOf<true, LayoutB, Tile, kCluster, kPingpong> {
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::bfloat16_t,
       cutlass::layout::RowMajor, 8, cutlass::bfloat16_t, LayoutB, 8, float, Tile,
       cute::Shape<cute::Int<kCluster>, cute::_1, cute::_1>,
       cutlass::gemm::collective::StageCountAutoCarveout<1024>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
+};
+
+// Ping-pong's order of the two consumer warpgroups' mainloops (tile 0 by warpgroup 0, tile 1
+// by warpgroup 1, tile 2 by 0, ...): a warpgroup starts waiting for its next tile's stages only
+// after the other one issued every wgmma of the tile between. Needed for correctness, not only
+// speed: the stages of that tile are skipped by this warpgroup, and a full barrier waited on
+// while two phases behind would pass on the parity of the older phase (CUTLASS's ping-pong
+// kernel orders its math warpgroups the same way). Off: no-ops.
+template <bool kOn>
+struct MathOrder {
+  struct SharedStorage {};
+  __device__ MathOrder(SharedStorage&, int) {}
+  __device__ void wait() {}
+  __device__ void arrive() {}
+};
+template <>
+struct MathOrder<true> {
+  using Barrier = cutlass::OrderedSequenceBarrier<1, 2>;
+  using SharedStorage = typename Barrier::SharedStorage;
+  Barrier bar;
+  // Every thread of the CTA constructs it (warp 0 initialises the barriers); `group` is the
+  // consumer warpgroup (0 or 1), all of whose threads arrive.
+  __device__ MathOrder(SharedStorage& s, int group)
+      : bar(s, {static_cast<uint32_t>(group), uint32_t(cutlass::NumThreadsPerWarpGroup)}) {}
+  __device__ void wait() { bar.wait(); }
+  __device__ void arrive() { bar.arrive(); }
 };
 
 // 16-byte cp.async through L2 only (gathered rows are shared by the CTAs of one M block, not by
@@ -304,14 +364,18 @@ struct GatherGemm {
   // dSwiGLU one is left to the gathering schedules (it lost to the separate kernels, session 31).
   static_assert(!kTmaA || (kTmaB && kClusterM == 1 && kEpi != Epi::kDSwiGLU),
                 "A by TMA: plain or SwiGLU epilogue, B by TMA, no cluster");
-  using Mainloop = typename MainloopOf<kTmaB, LayoutB, Tile, kClusterM>::type;
+  // Ping-pong: each consumer warpgroup runs a whole tile (see GatherPingpong64x256C2x1).
+  static constexpr bool kPingpong = PingpongOf<Config>::value;
+  static_assert(!kPingpong || kNoinc, "ping-pong consumers run `consume`");
+  using Mainloop = typename MainloopOf<kTmaB, LayoutB, Tile, kClusterM, kPingpong>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipeState = typename Mainloop::PipelineState;
   using SmemLayoutA = typename Mainloop::SmemLayoutA;  // (BM, BK, stages)
   using SmemLayoutB = typename Mainloop::SmemLayoutB;  // (BN, BK, stages)
   // The epilogues' accumulator layout is the cp.async schedule's (layout_ok checks it for both).
-  using CpAsyncTiledMma = typename MainloopOf<false, LayoutB, Tile>::type::TiledMma;
+  using CpAsyncTiledMma =
+      typename MainloopOf<false, LayoutB, Tile, 1, kPingpong>::type::TiledMma;
   static_assert(cute::is_same_v<TiledMma, CpAsyncTiledMma>,
                 "the TMA schedule must keep the cp.async schedule's accumulator layout");
   static constexpr int kBStageBytes = kBN * kBK * int(sizeof(Bf16));
@@ -323,7 +387,9 @@ struct GatherGemm {
                 "B stages must start 1024-byte aligned (128-byte swizzle)");
 
   static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;
+  // Threads of one TiledMma: both consumer warpgroups (cooperative) or one (ping-pong).
   static constexpr int kMmaThreads = cute::size(TiledMma{});
+  static constexpr int kConsumerThreads = 2 * cutlass::NumThreadsPerWarpGroup;
   // The dSwiGLU epilogue at BN = 256 only (an opt-in kind): setmaxnreg moves registers from the
   // producer to the consumers, whose 128 fp32 accumulators leave 40 of the launch's 168
   // registers for that epilogue. ptxas (session 31), spill stores without / with: 88 / 12 bytes
@@ -339,14 +405,17 @@ struct GatherGemm {
                 "setmaxnreg: the register file holds 64 K registers");
   static_assert(kEpi != Epi::kDSwiGLU || kMmaThreads == 2 * kBM,
                 "prefetch_h: one consumer thread per (row, half)");
-  static constexpr int kThreads = kProducerThreads + kMmaThreads;
-  static_assert(kMmaThreads == 2 * cutlass::NumThreadsPerWarpGroup, "two consumer warpgroups");
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  static_assert(kMmaThreads == (kPingpong ? 1 : 2) * cutlass::NumThreadsPerWarpGroup,
+                "two consumer warpgroups: one TiledMma, or one each (ping-pong)");
   static_assert(kBK % kChunk == 0 && kProducerThreads % (kBK / kChunk) == 0);
   static_assert(kBN % kChunk == 0 && kProducerThreads % (kBN / kChunk) == 0);
 
+  using Order = MathOrder<kPingpong>;
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) typename Order::SharedStorage order;
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
@@ -872,6 +941,8 @@ struct GatherGemm {
     pipe.consumer_release(release);
   }
 
+  // Consumer counts are one TiledMma's threads: under ping-pong a stage is consumed and
+  // released by one warpgroup.
   static __device__ Pipeline make_pipeline(SharedStorage& smem, int wg) {
     typename Pipeline::Params pp;
     pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
@@ -902,6 +973,7 @@ struct GatherGemm {
     const int wg = cutlass::canonical_warp_group_idx();
 
     Pipeline pipe = make_pipeline(smem, wg);
+    Order order(smem.order, wg > 0 ? wg - 1 : 0);
     int rank = 0;
     if constexpr (kClusterM == 2) {
       rank = static_cast<int>(cute::block_rank_in_cluster());
@@ -946,14 +1018,28 @@ struct GatherGemm {
     } else {
       if constexpr (kRegRealloc) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       PipeState state;
-      const int mma_tid = threadIdx.x - kProducerThreads;
-      for (int tile = first; tile < total; tile += step) {
+      // Ping-pong: this warpgroup's thread index within its own TiledMma; the cooperative
+      // TiledMma spans both consumer warpgroups.
+      const int consumer = wg - 1;
+      const int mma_tid = threadIdx.x - kProducerThreads -
+                          (kPingpong ? consumer * cutlass::NumThreadsPerWarpGroup : 0);
+      int turn = 0;  // this CTA's tiles so far
+      for (int tile = first; tile < total; tile += step, ++turn) {
+        if constexpr (kPingpong) {
+          // The other warpgroup's tile: its k_tiles stages are not ours.
+          if ((turn & 1) != consumer) {
+            state.advance(k_tiles);
+            continue;
+          }
+        }
         auto acc = partition_fragment_C(TiledMma{}, take<0, 2>(Tile{}));
         if constexpr (kEpi == Epi::kDSwiGLU) {
           prefetch_h(p, locate(p, tile, n_tiles, rank), mma_tid);
         }
         if constexpr (kNoinc) {
+          order.wait();
           consume(pipe, state, acc, k_tiles, mma_tid, smem.tensors);
+          order.arrive();
         } else {
           Mainloop mainloop;
           const typename Mainloop::Params unused{};  // the consumer half reads no parameter
@@ -1076,7 +1162,8 @@ std::string launch_on_clusters(Kernel kernel, const Params& kp, int cluster, int
   return {};
 }
 
-// fn(G<tile schedule>{}) for a gather config (sonic::GemmConfig 4 to 7); false for another. G is
+// fn(G<tile schedule>{}) for a gather config (sonic::GemmConfig 4 to 7, 13, 15, 16); false for
+// another. G is
 // a Launcher template of one kind; every gathered and fused-epilogue kind builds both schedules.
 template <template <class> class G, class Fn>
 inline bool dispatch_config(int config, Fn fn) {
@@ -1086,6 +1173,8 @@ inline bool dispatch_config(int config, Fn fn) {
     case 6: fn(G<GatherTmaB128x256C2x1>{}); return true;
     case 7: fn(G<GatherNoinc128x256>{}); return true;
     case 13: fn(G<GatherTmaB128x256C1>{}); return true;
+    case 15: fn(G<GatherPingpong64x256C2x1>{}); return true;
+    case 16: fn(G<GatherPingpong64x256C1>{}); return true;
     default: return false;
   }
 }

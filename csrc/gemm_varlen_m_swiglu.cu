@@ -18,13 +18,17 @@ using namespace detail;
 // SwigluNN: kVarlenMGatherSwiGLU; DSwigluNT: kVarlenMGatherDSwiGLU.
 using gather::dispatch_config;
 
-// kVarlenMGatherSwiGLU's schedules: the gather configs, and config 14 (A, already gathered, and
-// W1_e by TMA: up_proj's SwiGLU in the epilogue of the GEMM over the gathered copy of x that dW1
-// shares; no gather_idx).
+// kVarlenMGatherSwiGLU's schedules: the gather configs, and configs 14 and 17 (A, already
+// gathered, and W1_e by TMA: up_proj's SwiGLU in the epilogue of the GEMM over the gathered copy
+// of x that dW1 shares; no gather_idx), cooperative or ping-pong.
 template <class Fn>
 static bool dispatch_swiglu(int config, Fn fn) {
   if (config == static_cast<int>(GemmConfig::kTmaAB128x256C1)) {
     fn(SwigluNN<gather::TmaAB128x256C1>{});
+    return true;
+  }
+  if (config == static_cast<int>(GemmConfig::kTmaABPingpong64x256C1)) {
+    fn(SwigluNN<gather::TmaABPingpong64x256C1>{});
     return true;
   }
   return dispatch_config<SwigluNN>(config, fn);
@@ -66,7 +70,8 @@ std::string run_varlen_m_fused(bool dswiglu, int config, const GroupedGemmParams
 
 bool varlen_m_fused_layouts_ok() {
   return gather::all_layouts_ok<SwigluNN, DSwigluNT>() &&
-         SwigluNN<gather::TmaAB128x256C1>::Gemm::layouts_ok();
+         SwigluNN<gather::TmaAB128x256C1>::Gemm::layouts_ok() &&
+         SwigluNN<gather::TmaABPingpong64x256C1>::Gemm::layouts_ok();
 }
 
 }  // namespace sonic

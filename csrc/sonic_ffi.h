@@ -36,8 +36,9 @@ enum class GemmKind : int {
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
 // config: varlen-M bf16 kinds have 0-2, 10-12 and 14, kVarlenMNTF32 has 0-2 and 11,
 // kVarlenMNNF32 has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11, 14 (bf16), the gather
-// kinds have 4, 5, 7 (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster) and 13
-// (B_e by TMA, no cluster), the gathered varlen-K kind has 5, 6, 8 and 9. The workspace query
+// kinds have 4, 5, 7 (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster), 13
+// (B_e by TMA, no cluster) and the ping-pong 15 and 16, the SwiGLU kind also 14 and 17, the
+// gathered varlen-K kind has 5, 6, 8 and 9. The workspace query
 // returns 0 for a pair that is not instantiated.
 enum class GemmConfig : int {
   kPingpong128x128C2x1 = 0,
@@ -55,7 +56,13 @@ enum class GemmConfig : int {
   kPingpong64x256C2x1 = 12,      // varlen-M bf16: ping-pong, m64n256 per consumer
   kGatherTmaB128x256C1 = 13,     // gather kinds: as 6 without the cluster
   kTmaAB128x256C1 = 14,          // varlen-M / varlen-K bf16: our kernels, both operands by TMA
-  kNumConfigs = 15,
+  // Ping-pong on 64 x 256 tiles (one consumer warpgroup per tile, each one's epilogue under the
+  // other's mainloop): the gather and fused-epilogue kinds with B_e by TMA over a 2 x 1 cluster
+  // (15) or without one (16); the SwiGLU kind over rows in order with A by TMA too (17).
+  kGatherPingpong64x256C2x1 = 15,
+  kGatherPingpong64x256C1 = 16,
+  kTmaABPingpong64x256C1 = 17,
+  kNumConfigs = 18,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.

@@ -23,7 +23,7 @@ import pytest
 import sonic_jax
 from sonic_jax import ffi
 from sonic_jax.ffi import _lib, ops, schedules
-from sonic_jax.ffi.backend import FfiKernels
+from sonic_jax.ffi.backend import GATHER_SCHEDULE_CONFIGS, FfiKernels
 from sonic_jax.ffi.ops import GemmKind
 from sonic_jax.ffi.schedules import GemmConfig
 from sonic_jax.mixed import MixedKernels
@@ -160,7 +160,10 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "Cooperative128x256C1x1": GemmConfig.COOPERATIVE_128x256_C1x1,
       "Pingpong64x256C2x1": GemmConfig.PINGPONG_64x256_C2x1,
       "GatherTmaB128x256C1": GemmConfig.GATHER_TMA_B_128x256_C1,
-      "TmaAB128x256C1": GemmConfig.TMA_AB_128x256_C1}
+      "TmaAB128x256C1": GemmConfig.TMA_AB_128x256_C1,
+      "GatherPingpong64x256C2x1": GemmConfig.GATHER_PINGPONG_64x256_C2x1,
+      "GatherPingpong64x256C1": GemmConfig.GATHER_PINGPONG_64x256_C1,
+      "TmaABPingpong64x256C1": GemmConfig.TMA_AB_PINGPONG_64x256_C1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: c.name.replace("_", "").lower() for c in GemmConfig}
@@ -522,15 +525,20 @@ def test_ffi_kernels_up_proj_epilogue_switch():
   k = FfiKernels(up_proj_epilogue="gemm")
   assert k != FfiKernels() and "up_proj_epilogue='gemm'" in repr(k)
   assert len({k, FfiKernels(up_proj_epilogue="gemm"), FfiKernels()}) == 2
-  with pytest.raises(ValueError, match="up_proj_epilogue must be one of \\('separate', 'gemm'\\)"
-                     ", got 'tma'"):
+  with pytest.raises(ValueError, match="up_proj_epilogue must be one of \\('separate', 'gemm', "
+                     "'gemm_pingpong'\\), got 'tma'"):
     FfiKernels(up_proj_epilogue="tma")
-  for bad in (dict(fused_epilogue="up_proj"), dict(fused_epilogue=True),
-              dict(fused_gather="up_proj"), dict(fused_gather=True)):
-    with pytest.raises(ValueError, match="up_proj_epilogue='gemm' reads the gathered copy of x"):
-      FfiKernels(up_proj_epilogue="gemm", **bad)
-  # dh's in-GEMM paths leave x's gathered copy alone.
-  FfiKernels(up_proj_epilogue="gemm", fused_epilogue="dh", fused_gather="dh")
+  for mode in ("gemm", "gemm_pingpong"):
+    for bad in (dict(fused_epilogue="up_proj"), dict(fused_epilogue=True),
+                dict(fused_gather="up_proj"), dict(fused_gather=True)):
+      with pytest.raises(ValueError, match=f"up_proj_epilogue='{mode}' reads the gathered copy"):
+        FfiKernels(up_proj_epilogue=mode, **bad)
+    # dh's in-GEMM paths leave x's gathered copy alone.
+    FfiKernels(up_proj_epilogue=mode, fused_epilogue="dh", fused_gather="dh")
+  # Each GEMM mode runs an in-order config of the SwiGLU kind.
+  from sonic_jax.ffi.backend import UP_PROJ_EPILOGUE_CONFIGS
+  assert set(UP_PROJ_EPILOGUE_CONFIGS.values()) == set(schedules.SWIGLU_IN_ORDER_CONFIGS)
+  assert FfiKernels(up_proj_epilogue="gemm_pingpong") != k
 
 
 def test_ffi_kernels_gather_schedule_switch():
@@ -550,6 +558,14 @@ def test_ffi_kernels_gather_schedule_switch():
             GemmConfig.GATHER_NOINC_128x256)
     assert (FfiKernels(gather_schedule="tma_b_c1")._gather_config(entry) ==
             GemmConfig.GATHER_TMA_B_128x256_C1)
+    assert (FfiKernels(gather_schedule="pingpong")._gather_config(entry) ==
+            GemmConfig.GATHER_PINGPONG_64x256_C2x1)
+    assert (FfiKernels(gather_schedule="pingpong_c1")._gather_config(entry) ==
+            GemmConfig.GATHER_PINGPONG_64x256_C1)
+  # Every gather schedule is built for every in-GEMM gather and fused-epilogue kind.
+  for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
+    for name, cfg in GATHER_SCHEDULE_CONFIGS.items():
+      assert cfg in schedules.INSTANTIATED[kind], (kind, name)
   for kind in (*schedules.GATHER_KINDS, *schedules.FUSED_EPILOGUE_KINDS):
     assert schedules.DEFAULT[kind] == GemmConfig.GATHER_TMA_B_128x256_C2x1
   # "auto": each entry point's fastest in session 30's H100 sweep (dh without the cluster).
@@ -883,6 +899,14 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                    "fused_epilogue": FfiKernels(fused_epilogue=True),
                    "fused_dh": FfiKernels(fused_epilogue="dh"),
                    "up_proj_epilogue_gemm": FfiKernels(up_proj_epilogue="gemm"),
+                   # Session 32's ping-pong schedules (64 x 256 tile per consumer warpgroup).
+                   "up_proj_epilogue_gemm_pingpong": FfiKernels(up_proj_epilogue="gemm_pingpong"),
+                   "fused_epilogue_pingpong": FfiKernels(fused_epilogue=True,
+                                                         gather_schedule="pingpong"),
+                   "fused_epilogue_pingpong_c1": FfiKernels(fused_epilogue=True,
+                                                            gather_schedule="pingpong_c1"),
+                   "fused_gather_pingpong_c1": FfiKernels(fused_gather=True,
+                                                          gather_schedule="pingpong_c1"),
                    "dswiglu_block": FfiKernels(dswiglu="block"),
                    "fused_gather_noinc": FfiKernels(fused_gather=True, gather_schedule="noinc"),
                    "fused_gather_cp_async": FfiKernels(fused_gather=True,

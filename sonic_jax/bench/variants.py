@@ -15,8 +15,9 @@ dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:
 ``fused-gather[=<up_proj|dh>]``, ``wgrad-gather[=<dw1|dw2>]`` (``FfiKernels(wgrad_gather=True)``,
 or for one entry point),
 ``row_gather=<scatter|gather>``, ``fused_epilogue=<none|dh|up_proj|both>``,
-``dswiglu=<block|warp>``, ``gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1>``,
-``combine_add=<kernel|xla>``, ``up_proj_epilogue=<separate|gemm>`` and
+``dswiglu=<block|warp>``,
+``gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1|pingpong|pingpong_c1>``,
+``combine_add=<kernel|xla>``, ``up_proj_epilogue=<separate|gemm|gemm_pingpong>`` and
 ``schedule=<kind>@<config>`` (repeatable:
 ``FfiKernels(schedules={kind: config})``), e.g. ``ffi:dw1-last``,
 ``ffi:fused_epilogue=dh:gather_schedule=tma_b`` or
@@ -61,8 +62,9 @@ def _base_configs(kern, d: int, n: int) -> dict:
 FFI_OPTIONS = ("dw1-last", "fused-gather[=<up_proj|dh>]", "wgrad-gather[=<dw1|dw2>]",
                "row_gather=<scatter|gather>",
                "fused_epilogue=<none|dh|up_proj|both>", "dswiglu=<block|warp>",
-               "gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1>", "combine_add=<kernel|xla>",
-               "up_proj_epilogue=<separate|gemm>", "schedule=<kind>@<config>")
+               "gather_schedule=<auto|tma_b|cp_async|noinc|tma_b_c1|pingpong|pingpong_c1>",
+               "combine_add=<kernel|xla>",
+               "up_proj_epilogue=<separate|gemm|gemm_pingpong>", "schedule=<kind>@<config>")
 
 
 def _ffi_kernels(spec: str):

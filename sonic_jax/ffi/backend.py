@@ -46,9 +46,12 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 FUSED_GATHERS = ("auto", "none", "up_proj", "dh", "both")
 WGRAD_GATHERS = ("auto", "none", "dw1", "dw2", "both")
 # up_proj's SwiGLU without the in-GEMM gather: "separate" (the GEMM writes H, then
-# swiglu_from_h) or "gemm" (config 14's TMA GEMM over the gathered copy of x writes H and A from
-# its epilogue; that copy is dW1's too).
-UP_PROJ_EPILOGUES = ("separate", "gemm")
+# swiglu_from_h), "gemm" (config 14's TMA GEMM over the gathered copy of x writes H and A from
+# its epilogue; that copy is dW1's too) or "gemm_pingpong" (the same GEMM ping-pong, config 17:
+# each tile's epilogue under the other consumer warpgroup's mainloop).
+UP_PROJ_EPILOGUE_CONFIGS = {"gemm": ops.GemmConfig.TMA_AB_128x256_C1,
+                            "gemm_pingpong": ops.GemmConfig.TMA_AB_PINGPONG_64x256_C1}
+UP_PROJ_EPILOGUES = ("separate", *UP_PROJ_EPILOGUE_CONFIGS)
 
 
 def dout_in_gemm(d: int, n: int) -> bool:
@@ -76,12 +79,17 @@ def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
 # "tma_b" (the default, GATHER_TMA_B_128x256_C2x1: weights by TMA multicast over a 2 x 1 cluster,
 # stages published by noinc mbarrier arrivals), "cp_async" (GATHER_COOP_128x256: weights by
 # cp.async, stages published after the producer's own wait; the default until session 18) or
-# "noinc" (GATHER_NOINC_128x256: cp.async weights, noinc publication).
+# "noinc" (GATHER_NOINC_128x256: cp.async weights, noinc publication); "pingpong" and
+# "pingpong_c1" (session 32, not yet run on a GPU): 64 x 256 tiles, one per consumer
+# warpgroup, each one's epilogue under the other's mainloop, weights by TMA over a 2 x 1
+# cluster or without one.
 GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
     "tma_b": ops.GemmConfig.GATHER_TMA_B_128x256_C2x1,
     "cp_async": ops.GemmConfig.GATHER_COOP_128x256,
     "noinc": ops.GemmConfig.GATHER_NOINC_128x256,
     "tma_b_c1": ops.GemmConfig.GATHER_TMA_B_128x256_C1,
+    "pingpong": ops.GemmConfig.GATHER_PINGPONG_64x256_C2x1,
+    "pingpong_c1": ops.GemmConfig.GATHER_PINGPONG_64x256_C1,
 }
 # "auto" (the default): each entry point's fastest, H100, session 30 (benchmarks/results/
 # s30-h100-2026-12-07.md, in isolation): dh's gathered GEMM without the cluster (tma_b_c1: 3.422
@@ -147,12 +155,14 @@ class FfiKernels(ExpertKernels):
   3.945 / 3.736 ms against tma_b's 3.959 / 3.751 on the H100), "tma_b" (the producer never waits
   for its own copies, and the weights come by TMA multicast over a 2 x 1 cluster, half the
   weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
-  noinc publication) or "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
+  noinc publication), "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
   tile; session 28; H100, session 30: dh 3.42 against tma_b's 3.78 ms at 120B-n1024, up_proj
-  7.59 against 7.30). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 /
-  10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async / noinc (gather_rows + TMA GEMM
-  7.04 and 4.09); the layer with fused_gather 36.13 / 39.64 / 41.42 ms (docs/ffi.md, session
-  18).
+  7.59 against 7.30) or "pingpong" / "pingpong_c1" (session 32, not yet run on a GPU: 64 x 256
+  tiles, one per consumer warpgroup, whose epilogues run under each other's mainloops, for the
+  fused epilogues; weights by TMA with or without the 2 x 1 cluster). H200, 120B-n1024,
+  isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async /
+  noinc (gather_rows + TMA GEMM 7.04 and 4.09); the layer with fused_gather 36.13 / 39.64 /
+  41.42 ms (docs/ffi.md, session 18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
   (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
   2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
@@ -167,6 +177,8 @@ class FfiKernels(ExpertKernels):
   ``fused_epilogue`` or ``fused_gather`` that names up_proj. Opt-in: that kernel took 3.565 /
   0.652 / 7.556 ms at 30B-n512 / 7B-n256 / 120B-n1024 against 3.290 / 0.598 / 7.002 for the
   two it replaces (H100, session 31, benchmarks/results/s31-h100-2026-12-07.md).
+  "gemm_pingpong" (session 32, not yet run on a GPU) is the same GEMM ping-pong (config 17):
+  each 64 x 256 tile's epilogue runs under the other consumer warpgroup's mainloop.
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
@@ -206,11 +218,11 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"row_gather must be 'gather' or 'scatter', got {row_gather!r}")
     if combine_add not in ("kernel", "xla"):
       raise ValueError(f"combine_add must be 'kernel' or 'xla', got {combine_add!r}")
-    if up_proj_epilogue == "gemm" and (fused_epilogue in ("up_proj", "both")
-                                       or fused_gather in ("up_proj", "both")):
-      raise ValueError("up_proj_epilogue='gemm' reads the gathered copy of x: fused_epilogue and "
-                       f"fused_gather must not name up_proj (got fused_epilogue={fused_epilogue!r}"
-                       f", fused_gather={fused_gather!r})")
+    if up_proj_epilogue != "separate" and (fused_epilogue in ("up_proj", "both")
+                                           or fused_gather in ("up_proj", "both")):
+      raise ValueError(f"up_proj_epilogue={up_proj_epilogue!r} reads the gathered copy of x: "
+                       "fused_epilogue and fused_gather must not name up_proj (got "
+                       f"fused_epilogue={fused_epilogue!r}, fused_gather={fused_gather!r})")
     self.fused_gather = fused_gather
     self.row_gather = row_gather
     self.dw1_last = dw1_last
@@ -304,10 +316,10 @@ class FfiKernels(ExpertKernels):
     if self._fuses("up_proj"):
       return ops.up_proj_swiglu(x, plan.gather_idx, w1, plan.group_offsets,
                                 write_h=not inference, config=self._gather_config("up_proj"))
-    if self.up_proj_epilogue == "gemm":
+    if self.up_proj_epilogue != "separate":
       return ops.up_proj_swiglu(self._rows(x, plan), None, w1, plan.group_offsets,
                                 write_h=not inference,
-                                config=ops.GemmConfig.TMA_AB_128x256_C1)
+                                config=UP_PROJ_EPILOGUE_CONFIGS[self.up_proj_epilogue])
     h = self._gathered_gemm("up_proj", x, w1, plan, GemmKind.VARLEN_M_NN_BF16,
                             GemmKind.VARLEN_M_GATHER_NN_BF16, w1.shape[2] // 2)
     a = ops.swiglu_from_h(h, plan.group_offsets)

@@ -87,6 +87,14 @@ class GemmConfig(enum.IntEnum):
   # another expert; these never do. Varlen-M masks each tile's rows past its group at the
   # store; varlen-K zeroes both operands' rows past the group end in its last K block.
   TMA_AB_128x256_C1 = 14
+  # Session 32 (compiled and layout-checked on the CPU, not yet run on a GPU): ping-pong on
+  # 64 x 256 tiles, each consumer warpgroup a whole tile (m64n256 wgmmas), the two taking turns,
+  # so one's epilogue runs under the other's mainloop (what SonicMoE does for its dH kernel).
+  # Gather and fused-epilogue kinds: B_e by TMA over a 2 x 1 cluster (15) or without (16); the
+  # SwiGLU kind also over rows in order with A by TMA (17, TMA_AB_128x256_C1's ping-pong form).
+  GATHER_PINGPONG_64x256_C2x1 = 15
+  GATHER_PINGPONG_64x256_C1 = 16
+  TMA_AB_PINGPONG_64x256_C1 = 17
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -98,7 +106,8 @@ _M_BF16_CONFIGS = _M_CONFIGS + (GemmConfig.COOPERATIVE_128x256_C2x2,
 
 _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
                    GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256,
-                   GemmConfig.GATHER_TMA_B_128x256_C1)
+                   GemmConfig.GATHER_TMA_B_128x256_C1,
+                   GemmConfig.GATHER_PINGPONG_64x256_C2x1, GemmConfig.GATHER_PINGPONG_64x256_C1)
 
 # The configs instantiated for each kind (csrc/gemm_varlen_*.cu).
 INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
@@ -117,8 +126,10 @@ INSTANTIATED: dict[GemmKind, tuple[GemmConfig, ...]] = {
     GemmKind.VARLEN_M_GATHER_NN_BF16: _GATHER_CONFIGS,
     GemmKind.VARLEN_M_GATHER_NT_F32: _GATHER_CONFIGS,
     # And config 14 (session 31): A already gathered and W1_e by TMA, SwiGLU in the epilogue
-    # (correct; 8-9 % slower than CUTLASS's GEMM + swiglu_from_h on the H100).
-    GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS + (GemmConfig.TMA_AB_128x256_C1,),
+    # (correct; 8-9 % slower than CUTLASS's GEMM + swiglu_from_h on the H100), and its
+    # ping-pong form 17 (session 32).
+    GemmKind.VARLEN_M_GATHER_SWIGLU: _GATHER_CONFIGS + (GemmConfig.TMA_AB_128x256_C1,
+                                                        GemmConfig.TMA_AB_PINGPONG_64x256_C1),
     GemmKind.VARLEN_M_GATHER_DSWIGLU: _GATHER_CONFIGS,
     # 6, 8 and 9: the operand read in order (dW1's dH, dW2's A') by TMA, multicast over a
     # 2-CTA cluster on a 128 x 256 (6) or 256 x 128 (8) tile, or without one on 256 x 128 (9).
@@ -173,7 +184,7 @@ IN_ORDER_WGRAD: dict[str, GemmConfig] = {
 # Configs of VARLEN_M_GATHER_SWIGLU that read src's rows in order by TMA (no gather_idx):
 # up_proj's SwiGLU in the epilogue of the GEMM over the gathered copy of x (csrc/
 # gemm_varlen_m_swiglu.cu's dispatch_swiglu; FfiKernels(up_proj_epilogue="gemm")).
-SWIGLU_IN_ORDER_CONFIGS = (GemmConfig.TMA_AB_128x256_C1,)
+SWIGLU_IN_ORDER_CONFIGS = (GemmConfig.TMA_AB_128x256_C1, GemmConfig.TMA_AB_PINGPONG_64x256_C1)
 
 # The schedules that read one operand in order by TMA (a_idx or b_idx must be None): all but the
 # one that copies both by cp.async.

@@ -18,8 +18,9 @@ up_proj and dh GEMMs under each of their schedules against gather_rows + the TMA
 Prints the ``MEASURED`` entries for schedules.py. --fused-epilogue-only: the up_proj and dh
 entry points and the layer under each of ``EPILOGUE_VARIANTS`` (SwiGLU / dSwiGLU separate or in
 the GEMM's epilogue, fused_epilogue "none", "dh" and "both", the fused ones also with
-gather_schedule "tma_b", "cp_async", "noinc" and "tma_b_c1" besides "auto", and "up_gemm":
-up_proj_epilogue="gemm"; --epilogue-variants picks some), each checked against the separate
+gather_schedule "tma_b", "cp_async", "noinc", "tma_b_c1", "pingpong" and "pingpong_c1"
+besides "auto", and "up_gemm" / "up_gemm_pp": up_proj_epilogue="gemm" / "gemm_pingpong";
+--epilogue-variants picks some), each checked against the separate
 one, and each schedule of the two fused kernels (config 14's SwiGLU on the gathered copy).
 --elementwise-only: the dSwiGLU kernel a block per row against a warp per row
 (``FfiKernels(dswiglu=...)``, checked against each other) and the SwiGLU kernel, with the
@@ -265,6 +266,7 @@ EPILOGUE_VARIANTS = {
     # SwiGLU in the epilogue of config 14's GEMM over the gathered copy (FfiKernels'
     # up_proj_epilogue="gemm"), dh's dSwiGLU separate.
     "up_gemm": _epilogue_kernels(up_proj_epilogue="gemm"),
+    "up_gemm_pp": _epilogue_kernels(up_proj_epilogue="gemm_pingpong"),
     **{f"{fused}:{sched}": _epilogue_kernels(fused_epilogue=fused, gather_schedule=sched)
        for sched in GATHER_SCHEDULES if sched != "auto" for fused in ("dh", "both")},
 }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 32's device calls (carry the built library, ABI 14: sonic_jax/ffi/libsonic_jax_cuda.so).
+# Session 32 had no device time left; these are for the next session.
+# PART=pingpong (any Hopper GPU): the ping-pong gather kernels (GemmConfig 15, 16, 17: a 64 x 256
+#   tile per consumer warpgroup, each one's epilogue under the other's mainloop; not yet run on
+#   a GPU): their GPU tests (gathered GEMMs and both fused epilogues against fp64 references,
+#   determinism, the in-order SwiGLU kernel, the layer against xla), then the kernel profile of
+#   the step with them against the defaults at 7B-n256 and 30B-n512 (session 31, H100: the
+#   defaults 3.912 / 20.267 ms, fused_epilogue="dh" under config 13 4.584 / 22.126).
+#   run(command="PART=pingpong bash scripts/device_s32.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# PART=next: pingpong, then on an H200 the layer benchmark (scripts/device_s29.sh bench) if the
+#   call has time left (BENCH_AFTER=1).
+# PART=dhregs|ncuswiglu|swiglu|bench|...: as scripts/device_s31.sh.
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s32_out}
+begin_call
+PP_VARIANTS="ffi,ffi:fused_epilogue=dh:gather_schedule=pingpong_c1,\
+ffi:fused_epilogue=dh:gather_schedule=pingpong,ffi:up_proj_epilogue=gemm_pingpong,\
+ffi:fused_epilogue=both:gather_schedule=pingpong_c1,ffi:fused-gather=dh:gather_schedule=pingpong_c1"
+for part in ${PART//,/ }; do
+if [[ $part == next ]]; then
+  part=pingpong
+  [[ ${BENCH_AFTER:-0} == 1 ]] && grep -q H200 "$OUT/gpu.txt" && part="pingpong bench"
+fi
+for part in $part; do
+case $part in
+pingpong)
+  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "PINGPONG or pingpong"
+  PROF_TAG=pingpong kernel_profile "${PROF_S:-300}" "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" \
+    "${PP_VARIANTS}" 0.05
+  ;;
+*)
+  OUT=$OUT PART=$part bash scripts/device_s31.sh | grep -v "^== \[.*\] done"
+  ;;
+esac
+done
+done
+echo "== [$(since) s] done"
