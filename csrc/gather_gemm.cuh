@@ -270,6 +270,38 @@ __device__ __forceinline__ void store_quad_16cols(const uint32_t (&w)[4], Bf16* 
   }
 }
 
+// The inverse, for epilogue loads: lane q loads 8 consecutive bf16 columns, c0 + 8·(q & 1) ..,
+// of row r + 8·(q >> 1) as one 16-byte load (zeros where `ok` is false: row past the group or
+// columns from cols_left on), and the quad's 4 x 4 transpose by three shuffles returns this
+// lane's pairs in fragment order, (r, c0 + 2q), (r + 8, c0 + 2q), (r, c0 + 8 + 2q),
+// (r + 8, c0 + 8 + 2q): whole 32-byte sectors per lane pair and a quarter of the load
+// instructions of 4-byte loads in fragment order. row_r / row_r8: the element (r, c0) /
+// (r + 8, c0), 16-byte aligned. Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ void load_quad_16cols(const Bf16* row_r, const Bf16* row_r8, bool ok_r,
+                                                 bool ok_r8, int cols_left, uint32_t (&w)[4]) {
+  const int lane = static_cast<int>(threadIdx.x & 31), q = lane & 3;
+  const int c = 8 * (q & 1);
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if ((q < 2 ? ok_r : ok_r8) && c < cols_left) {
+    v = __ldg(reinterpret_cast<const uint4*>((q < 2 ? row_r : row_r8) + c));
+  }
+  const uint32_t mine[4] = {v.x, v.y, v.z, v.w};  // pairs k = 0..3 of this lane's 8 columns
+  // Round s: send lane (q + s) & 3 its pair (element k = that lane's q), receive from lane
+  // (q - s) & 3.
+  uint32_t got[4];
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t send = pick4(mine, (q + s) & 3);
+    got[s] = s == 0 ? send : __shfl_sync(0xffffffffu, send, (lane & ~3) | ((q - s) & 3));
+  }
+  // Fragment pair j is held by lane ((j & 1) << 1) | (j >> 1) (row half j & 1, column block
+  // j >> 1), received in round (q - that lane) & 3: lanes 0, 2, 1, 3 for j = 0..3.
+  w[0] = pick4(got, q);
+  w[1] = pick4(got, (q - 2) & 3);
+  w[2] = pick4(got, (q - 1) & 3);
+  w[3] = pick4(got, (q - 3) & 3);
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -741,7 +773,8 @@ struct GatherGemm {
   // s·dA'·silu(g)), A' = s·A and this tile's part of dS = Σ_c dA'·A (fp32), A from the bf16 H.
   // H is read in chunks of kLoadPairs column pairs whose loads are all issued before any of
   // their stores (the compiler cannot move a load past a store that might alias it), after
-  // prefetch_h pulled the tile's rows into L2 while the mainloop ran.
+  // prefetch_h pulled the tile's rows into L2 while the mainloop ran; since session 32 by
+  // load_quad_16cols (16-byte loads of whole sectors; before, one 4-byte load per pair).
   // 128 x 256 spilled with 8 at the launch's 168 registers; with kRegRealloc's 224 it spills
   // no more than with 4 (ptxas, session 31).
   static constexpr int kLoadPairs = kBN == 256 && !kRegRealloc ? 4 : 8;
@@ -776,20 +809,25 @@ struct GatherGemm {
     const float s_hi = ok_hi ? __ldg(p.scores + tc.row0 + r_lo + 8) : 0.0f;
     Bf16* const dh_row = p.dh_out + (tc.row0 + r_lo) * two_n + tc.n0;  // (r_lo, n0) of dH
     Bf16* const ap_row = p.a_prime_out + (tc.row0 + r_lo) * int64_t(p.n) + tc.n0;
-    // bf16 pairs as 32-bit words: word (row · 2n + col) / 2 (col even, n even).
-    const uint32_t* h_words = reinterpret_cast<const uint32_t*>(p.h_in);
+    const Bf16* const h_row = p.h_in + (tc.row0 + r_lo) * two_n + tc.n0;  // (r_lo, n0) of H
     float dot_lo = 0.0f, dot_hi = 0.0f;
     CUTLASS_PRAGMA_UNROLL
     for (int q0 = 0; q0 < kPairs; q0 += kLoadPairs) {
+      // H's gate and up pairs of the chunk in fragment order, by 16-byte loads of whole
+      // sectors (load_quad_16cols: pairs j .. j + 3 are one group; zeros where masked).
       uint32_t gw[kLoadPairs], uw[kLoadPairs];
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kLoadPairs; ++j) {
-        const int i = 2 * (q0 + j);
-        const int r = get<0>(coord(i)), c = get<1>(coord(i));
-        const bool ok = r < tc.rows && c < n_left;
-        const int64_t w = ((tc.row0 + r) * two_n + tc.n0 + c) >> 1;
-        gw[j] = ok ? __ldg(h_words + w) : 0u;
-        uw[j] = ok ? __ldg(h_words + w + (p.n >> 1)) : 0u;
+      for (int j = 0; j < kLoadPairs; j += 4) {
+        const int c0 = get<1>(coord(2 * (q0 + j))) - 2 * (mma_tid & 3);
+        const Bf16* hg = h_row + c0;
+        uint32_t g4[4], u4[4];
+        load_quad_16cols(hg, hg + 8 * two_n, ok_lo, ok_hi, n_left - c0, g4);
+        load_quad_16cols(hg + p.n, hg + p.n + 8 * two_n, ok_lo, ok_hi, n_left - c0, u4);
+        CUTLASS_PRAGMA_UNROLL
+        for (int jj = 0; jj < 4; ++jj) {
+          gw[j + jj] = g4[jj];
+          uw[j + jj] = u4[jj];
+        }
       }
       // Pairs j, j + 1, j + 2, j + 3 of a chunk are one store_quad_16cols group (kLoadPairs
       // % 4 == 0, quad_groups_ok): (r_lo, c0 + 2q), (r_lo + 8, ..), then 8 columns right.
@@ -901,10 +939,13 @@ struct GatherGemm {
   // kNoinc consumers: CUTLASS's `mma` has no place for the proxy fence the noinc publication
   // needs (the producer thread cannot fence copies it never waits for), so this is the same
   // WGMMA loop with it: wait for stage s, fence, issue its wgmmas, then release stage s - 1 once
-  // its wgmmas completed (one batch in flight). Advances `rd` by k_tiles.
-  template <class Accum>
+  // its wgmmas completed (one batch in flight). Advances `rd` by k_tiles. `issued()` runs once
+  // every wgmma is issued, before the wait for the last ones (ping-pong's MathOrder::arrive,
+  // where CUTLASS's ping-pong kernel cues the other warpgroup).
+  template <class Accum, class Issued>
   static __device__ void consume(Pipeline& pipe, PipeState& rd, Accum& acc, int k_tiles,
-                                 int mma_tid, typename Mainloop::TensorStorage& smem) {
+                                 int mma_tid, typename Mainloop::TensorStorage& smem,
+                                 Issued issued) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(smem.smem_A.data()), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.smem_B.data()), SmemLayoutB{});
@@ -936,6 +977,7 @@ struct GatherGemm {
       }
       ++rd;
     }
+    issued();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     pipe.consumer_release(release);
@@ -1038,8 +1080,7 @@ struct GatherGemm {
         }
         if constexpr (kNoinc) {
           order.wait();
-          consume(pipe, state, acc, k_tiles, mma_tid, smem.tensors);
-          order.arrive();
+          consume(pipe, state, acc, k_tiles, mma_tid, smem.tensors, [&] { order.arrive(); });
         } else {
           Mainloop mainloop;
           const typename Mainloop::Params unused{};  // the consumer half reads no parameter
