@@ -8,6 +8,7 @@
 #   the step with them against the defaults at 7B-n256 and 30B-n512 (session 31, H100: the
 #   defaults 3.912 / 20.267 ms, fused_epilogue="dh" under config 13 4.584 / 22.126).
 #   run(command="PART=pingpong bash scripts/device_s32.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# PART=pptests / ppprof: the tests / the profile alone (PROF_CONFIGS, PROF_S to change it).
 # PART=next: pingpong, then on an H200 the layer benchmark (scripts/device_s29.sh bench) if the
 #   call has time left (BENCH_AFTER=1).
 # PART=dhregs|ncuswiglu|swiglu|bench|...: as scripts/device_s31.sh.
@@ -15,8 +16,12 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s32_out}
 begin_call
+# The defaults; dh's dSwiGLU epilogue ping-pong (with and without the cluster); up_proj's SwiGLU
+# epilogue ping-pong over the gathered copy (config 17), alone and with the ping-pong dh; both
+# fused epilogues ping-pong (dW1 then re-gathers x); dh's plain in-GEMM gather ping-pong.
 PP_VARIANTS="ffi,ffi:fused_epilogue=dh:gather_schedule=pingpong_c1,\
 ffi:fused_epilogue=dh:gather_schedule=pingpong,ffi:up_proj_epilogue=gemm_pingpong,\
+ffi:up_proj_epilogue=gemm_pingpong:fused_epilogue=dh:gather_schedule=pingpong_c1,\
 ffi:fused_epilogue=both:gather_schedule=pingpong_c1,ffi:fused-gather=dh:gather_schedule=pingpong_c1"
 for part in ${PART//,/ }; do
 if [[ $part == next ]]; then
@@ -25,10 +30,14 @@ if [[ $part == next ]]; then
 fi
 for part in $part; do
 case $part in
-pingpong)
-  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "PINGPONG or pingpong"
-  PROF_TAG=pingpong kernel_profile "${PROF_S:-300}" "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" \
-    "${PP_VARIANTS}" 0.05
+pingpong|pptests|ppprof)
+  if [[ $part != ppprof ]]; then
+    gpu_tests "${TEST_S:-180}" tests/test_ffi.py -k "PINGPONG or pingpong"
+  fi
+  if [[ $part != pptests ]]; then
+    PROF_TAG=pingpong kernel_profile "${PROF_S:-330}" \
+      "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" "${PP_VARIANTS}" 0.05
+  fi
   ;;
 *)
   OUT=$OUT PART=$part bash scripts/device_s31.sh | grep -v "^== \[.*\] done"
