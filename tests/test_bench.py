@@ -491,6 +491,24 @@ def test_bench_variants_parse_gathers_and_options():
     kernels_for("pallas::dh-ring")
   with pytest.raises(SystemExit, match="dh-ring takes XLA's gathered dO"):
     kernels_for("pallas:fused:dh-ring", 4096, 512)
+  # pingpong: the forward GEMMs named on configs.pingpong_config, fields on top.
+  from sonic_jax.pallas.configs import pingpong_config
+  k = kernels_for("pallas::pingpong", 4096, 1024)
+  assert k.config.up_proj == pingpong_config(4096, 1024, epilogue="swiglu")
+  assert k.config.down_proj == pingpong_config(1024, 4096)
+  assert k.config.dx_pairs == pingpong_config(2048, 4096)
+  assert k.config.up_proj.pingpong and k.config.up_proj.gather == "fused"
+  assert k.config.down_proj.cross_tile and k.config.dh is None
+  k = kernels_for("pallas::pingpong=up_proj:up_proj.max_concurrent_steps=4", 4096, 1024)
+  assert k.config.up_proj == pingpong_config(4096, 1024, epilogue="swiglu").__class__(
+      **{**pingpong_config(4096, 1024, epilogue="swiglu").__dict__, "max_concurrent_steps": 4})
+  assert k.config.down_proj is None and k.config.dx_pairs is None
+  with pytest.raises(SystemExit, match="pingpong= takes kernels from"):
+    kernels_for("pallas::pingpong=dh", 4096, 1024)
+  with pytest.raises(SystemExit, match="pingpong_config: n \\(192\\) must be a multiple"):
+    kernels_for("pallas::pingpong=up_proj", 4096, 192)
+  with pytest.raises(SystemExit, match="needs the config's d and n"):
+    kernels_for("pallas::pingpong")
 
 
 def test_bench_variants_parse_ffi_options():

@@ -311,6 +311,55 @@ def test_cluster_pairs_ring_matches_xla(name, gather):
   assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
 
 
+# (case, gather, stages, block_k, d, n): wg_split="pingpong", the two consumer warpgroups take
+# whole 64-row tiles in turn, each from its own ring of stages / 2 slots. Several tiles per CTA
+# (two CTAs in the interpreter) so both rings wrap; one expert with every token gives full
+# tiles (the swizzled store), empty experts and straddling groups ragged ones; several k steps
+# (d / block_k) and column blocks (n / block_n).
+PINGPONG_CASES = [
+    ("straddle_e5", "fused", 4, 32, 64, 64),
+    ("empty_experts", "fused", 6, 32, 128, 64),
+    ("one_expert_all_tokens", "fused", 4, 64, 128, 128),
+    ("fewer_pairs_than_tile", "fused", 4, 64, 64, 64),
+    ("straddle_e5", "xla", 4, 64, 64, 64),
+    ("one_expert_all_tokens", "xla", 6, 32, 128, 64),
+]
+
+
+@pytest.mark.parametrize("name,gather,stages,block_k,d,n", PINGPONG_CASES)
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_pingpong_ring_matches_xla(name, gather, stages, block_k, d, n, swizzle):
+  """GemmConfig(wg_split="pingpong") on the ring kernels: up_proj (fused gather, or the
+  cross-tile ring after an XLA gather), down_proj and dx_pairs (cross-tile); H, A, Y, dx
+  against xla."""
+  ring = dict(block_m=64, block_n=32, num_compute_wgs=2, wg_split="pingpong", block_k=block_k,
+              max_concurrent_steps=stages, epilogue_swizzle=swizzle, grid_tile_width=2)
+  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
+  plain = GemmConfig(cross_tile=True, **ring)
+  assert up.pingpong and up.block_n_cta == 32 and up.block_m_wg == 64
+  kern = PallasKernels(interpret=True,
+                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
+  plan = _case(name)
+  _check_up_down(kern, plan, d, n)
+  dh = tokens(plan.capacity, 2 * n, seed=5)
+  w1, _ = weights(plan.num_experts, d, n)
+  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
+def test_pingpong_config_rules():
+  ok = dict(num_compute_wgs=2, cross_tile=True, max_concurrent_steps=4, wg_split="pingpong")
+  assert GemmConfig(**ok).pingpong and not GemmConfig().pingpong
+  for bad in (dict(num_compute_wgs=1), dict(cross_tile=False), dict(max_concurrent_steps=5),
+              dict(max_concurrent_steps=2), dict(cluster_m=2)):
+    with pytest.raises(ValueError, match="wg_split='pingpong' needs num_compute_wgs=2"):
+      GemmConfig(**{**ok, **bad})
+  cfg = GemmConfig(block_m=64, block_n=128, **ok)
+  assert cfg.block_n_cta == 128 and cfg.block_m_wg == 64
+  from sonic_jax.pallas.grouped_gemm import smem_bytes
+  # Two rings of 2 stages (A 64 x 64, B 64 x 128) and one epilogue tile per warpgroup.
+  assert smem_bytes(cfg, epilogue="none") == 4 * (64 * 64 + 64 * 128) * 2 + 2 * 64 * 128 * 2
+
+
 def test_cluster_config_rules():
   with pytest.raises(ValueError, match="cluster_m must be 1 or 2"):
     GemmConfig(cluster_m=4, cross_tile=True, num_compute_wgs=2)
@@ -597,6 +646,19 @@ LOWERING_VARIANTS = [
     ("dx_pairs_cross_tile_cluster2", "dx", 256, 64, dict(
         block_n=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2, cross_tile=True,
         cluster_m=2)),
+    # Ping-pong (session 32): a 64-row tile per warpgroup, two rings side by side.
+    ("up_fused_gather_pingpong", "up", 256, 128, dict(
+        block_m=64, block_n=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2,
+        gather="fused", epilogue_swizzle=True, wg_split="pingpong")),
+    ("up_xla_gather_cross_tile_pingpong", "up", 256, 128, dict(
+        block_m=64, block_n=128, block_k=32, max_concurrent_steps=4, num_compute_wgs=2,
+        cross_tile=True, epilogue_swizzle=True, wg_split="pingpong")),
+    ("down_cross_tile_pingpong", "down", 256, 256, dict(
+        block_m=64, block_n=256, block_k=32, max_concurrent_steps=6, num_compute_wgs=2,
+        cross_tile=True, epilogue_swizzle=True, wg_split="pingpong")),
+    ("dx_pairs_cross_tile_pingpong", "dx", 256, 128, dict(
+        block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, num_compute_wgs=2,
+        cross_tile=True, wg_split="pingpong")),
 ]
 
 
@@ -697,6 +759,29 @@ def test_gpu_cluster_pairs_match_xla(shape):
       up_proj=c2(configs.swiglu_gemm_config(d, n, gather="fused")),
       down_proj=c2(configs.plain_gemm_config(n, d)),
       dx_pairs=c2(configs.plain_gemm_config(2 * n, d, transpose_rhs=True))))
+  x, (w1, w2) = tokens(t, d), weights(e, d, n)
+  kern.validate(x, plan, w1, w2)
+  h, a = jax.jit(kern.up_proj)(x, w1, plan)
+  h_ref, a_ref = jax.jit(XLA.up_proj)(x, w1, plan)
+  assert rel_err(h, h_ref) < BF16_TOL and rel_err(a, a_ref) < BF16_TOL
+  y, y_ref = jax.jit(kern.down_proj)(a_ref, w2, plan), jax.jit(XLA.down_proj)(a_ref, w2, plan)
+  assert rel_err(y, y_ref) < BF16_TOL
+  assert rel_err(jax.jit(kern.dx_pairs)(h_ref, w1, plan),
+                 jax.jit(XLA.dx_pairs)(h_ref, w1, plan)) < BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [GPU_SHAPES[0], GPU_SHAPES[1], GPU_SHAPES[3]])
+def test_gpu_pingpong_matches_xla(shape):
+  """GemmConfig(wg_split="pingpong") on the ring kernels at real sizes: up_proj with the fused
+  gather (64 x 128 (x2) per warpgroup), down_proj and dx_pairs (64 x 256)."""
+  from sonic_jax.pallas import configs
+  t, d, n, e, k = shape
+  plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
+  kern = PallasKernels(config=ForwardConfig(
+      up_proj=configs.pingpong_config(d, n, epilogue="swiglu"),
+      down_proj=configs.pingpong_config(n, d),
+      dx_pairs=configs.pingpong_config(2 * n, d)))
   x, (w1, w2) = tokens(t, d), weights(e, d, n)
   kern.validate(x, plan, w1, w2)
   h, a = jax.jit(kern.up_proj)(x, w1, plan)

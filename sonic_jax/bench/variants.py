@@ -5,11 +5,13 @@ picks), or ``pallas[:<backward_gathers>][:<option>...]``. Options: ``dw1-early``
 schedules it, ``PallasKernels(dw1_last=False)``), ``dh-ring`` (dh on the warp-specialized ring
 kernel fed by TMA, ``DhConfig(ring=True)``, 3 stages), ``row_gather=<impl>`` (the backward's
 pre-gathered dO / x rows: ``PallasKernels(row_gather=...)``, xla, jax_triton or
-pallas_triton; default auto) and ``<kernel>.<field>=<value>`` (one field
-of that kernel's default config for the problem's shape replaced; kernels up_proj, down_proj,
-dx_pairs, dh, dw1, dw2; values int, true / false or a word). Examples: ``pallas:fused-x``,
-``pallas::dh-ring``, ``pallas::dh.block_n=64:dh.ctas_per_sm=2``, ``pallas::up_proj.block_k=32``,
-``pallas::row_gather=jax_triton``.
+pallas_triton; default auto), ``pingpong[=<kernel>[/<kernel>...]]`` (the forward GEMMs named,
+default up_proj, down_proj and dx_pairs, on ``configs.pingpong_config``'s ping-pong ring
+tiling) and ``<kernel>.<field>=<value>`` (one field of that kernel's config for the problem's
+shape replaced, after pingpong; kernels up_proj, down_proj, dx_pairs, dh, dw1, dw2; values
+int, true / false or a word). Examples: ``pallas:fused-x``, ``pallas::dh-ring``,
+``pallas::dh.block_n=64:dh.ctas_per_sm=2``, ``pallas::up_proj.block_k=32``,
+``pallas::row_gather=jax_triton``, ``pallas::pingpong=up_proj``.
 
 ``ffi[:<option>...]``: the ffi backend with options ``dw1-last`` (``FfiKernels(dw1_last=True)``),
 ``fused-gather[=<up_proj|dh>]``, ``wgrad-gather[=<dw1|dw2>]`` (``FfiKernels(wgrad_gather=True)``,
@@ -33,8 +35,35 @@ from __future__ import annotations
 import dataclasses
 import re
 
-OPTIONS = ("dw1-early", "dh-ring", "row_gather=<impl>", "<kernel>.<field>=<value>")
+OPTIONS = ("dw1-early", "dh-ring", "row_gather=<impl>", "pingpong[=<kernel>[/<kernel>...]]",
+           "<kernel>.<field>=<value>")
 KERNELS = ("up_proj", "down_proj", "dx_pairs", "dh", "dw1", "dw2")
+PINGPONG_KERNELS = ("up_proj", "down_proj", "dx_pairs")
+
+
+def _pingpong_kernels(opts: list[str], spec: str) -> list[str]:
+  """The kernels that the ``pingpong[=a/b]`` options of ``spec`` name (all three forward
+  GEMMs for a bare ``pingpong``); SystemExit on another name."""
+  out = []
+  for o in opts:
+    if o == "pingpong":
+      out += PINGPONG_KERNELS
+    elif o.startswith("pingpong="):
+      names = o.split("=", 1)[1].split("/")
+      if not all(k in PINGPONG_KERNELS for k in names):
+        raise SystemExit(f"variant {spec!r}: pingpong= takes kernels from "
+                         f"{', '.join(PINGPONG_KERNELS)} joined by '/', got {o!r}")
+      out += names
+  return list(dict.fromkeys(out))
+
+
+def _pingpong_configs(names: list[str], d: int, n: int) -> dict:
+  """configs.pingpong_config for each forward GEMM named, at model width d, expert width n."""
+  from sonic_jax.pallas import configs as cfg_lib
+  shapes = {"up_proj": (d, n, "swiglu"), "down_proj": (n, d, "none"),
+            "dx_pairs": (2 * n, d, "none")}
+  return {k: cfg_lib.pingpong_config(shapes[k][0], shapes[k][1], epilogue=shapes[k][2])
+          for k in names}
 _FIELD_RE = re.compile(r"^(\w+)\.(\w+)=([\w-]+)$")
 
 
@@ -118,6 +147,8 @@ def kernels_for(spec: str, d: int | None = None, n: int | None = None):
     if o.startswith("row_gather="):
       row_gather = o.split("=", 1)[1]
   opts = [o for o in opts if not o.startswith("row_gather=")]
+  pingpong = _pingpong_kernels(opts, spec)
+  opts = [o for o in opts if o != "pingpong" and not o.startswith("pingpong=")]
   fields = [_field(o) for o in opts if o not in OPTIONS[:2]]
   if name != "pallas" or None in fields:
     raise SystemExit(f"unknown variant {spec!r}: xla or pallas[:<gathers>][:<option>...] with "
@@ -129,12 +160,18 @@ def kernels_for(spec: str, d: int | None = None, n: int | None = None):
                          row_gather=row_gather)
   except ValueError as e:
     raise SystemExit(f"variant {spec!r}: {e}") from None
-  if not fields and "dh-ring" not in opts:
+  if not fields and "dh-ring" not in opts and not pingpong:
     return kern
   if d is None or n is None:
     raise SystemExit(f"variant {spec!r} needs the config's d and n")
   configs = _base_configs(kern, d, n)
   changed: dict[str, dict] = {}
+  if pingpong:
+    try:
+      configs.update(_pingpong_configs(pingpong, d, n))
+    except ValueError as e:
+      raise SystemExit(f"variant {spec!r}: {e}") from None
+    changed.update({k: {} for k in pingpong})
   if "dh-ring" in opts:
     if configs["dh"].gather != "xla":
       raise SystemExit(f"variant {spec!r}: dh-ring takes XLA's gathered dO, but dh gathers with "

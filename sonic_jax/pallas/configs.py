@@ -68,7 +68,12 @@ class GemmConfig:
   A tile is read once per warpgroup and accumulator instead of twice: with SwiGLU's two
   accumulators, 64 x 128 (x2) per warpgroup instead of 128 x 64 (x2) at the same register
   count (fused up_proj 1-5 % faster on the H200). Only on the ring kernels (gather="fused" or
-  cross_tile) with 2 consumers, block_m 128.
+  cross_tile) with 2 consumers, block_m 128. "pingpong" (session 32; lowered and run in the
+  interpreter on the CPU, not yet run on a GPU): each warpgroup owns whole tiles of block_m
+  rows x block_n columns and the two take the CTA's tiles in turn, each from its own ring of
+  max_concurrent_steps / 2 stages, so one warpgroup's epilogue runs under the other's
+  mainloop (CUTLASS's ping-pong; SonicMoE's dH kernel). Ring kernels with 2 consumers, an even
+  max_concurrent_steps >= 4, no cluster.
   cluster_m: 1, or 2 for 2-CTA clusters on the ring kernels: the two CTAs of a cluster take
   neighbouring M tiles of one expert (``tiles.make_tiles(pair=True)``: each expert's tile count
   rounded up to even, the extra tile owning no rows) and the same N block, and each loads half
@@ -89,7 +94,7 @@ class GemmConfig:
   epilogue_swizzle: bool = False
   num_sms: int | None = None
   cross_tile: bool = False
-  wg_split: Literal["n", "m"] = "n"
+  wg_split: Literal["n", "m", "pingpong"] = "n"
   cluster_m: int = 1
 
   @property
@@ -102,6 +107,11 @@ class GemmConfig:
   def block_n_cta(self) -> int:
     """Output columns of one CTA tile."""
     return self.block_n * (self.num_compute_wgs if self.wg_split == "n" else 1)
+
+  @property
+  def pingpong(self) -> bool:
+    """Whether the two consumer warpgroups take whole tiles in turn (wg_split="pingpong")."""
+    return self.wg_split == "pingpong"
 
   @property
   def block_m_wg(self) -> int:
@@ -125,8 +135,18 @@ class GemmConfig:
       raise ValueError(f"GemmConfig.gather must be 'xla' or 'fused', got {self.gather!r}")
     if self.grid_tile_width < 1:
       raise ValueError(f"GemmConfig.grid_tile_width must be >= 1, got {self.grid_tile_width}")
-    if self.wg_split not in ("n", "m"):
-      raise ValueError(f"GemmConfig.wg_split must be 'n' or 'm', got {self.wg_split!r}")
+    if self.wg_split not in ("n", "m", "pingpong"):
+      raise ValueError(f"GemmConfig.wg_split must be 'n', 'm' or 'pingpong', got "
+                       f"{self.wg_split!r}")
+    if self.wg_split == "pingpong" and not (
+        self.num_compute_wgs == 2 and self.ring and self.cluster_m == 1
+        and self.max_concurrent_steps % 2 == 0 and self.max_concurrent_steps >= 4):
+      raise ValueError("GemmConfig.wg_split='pingpong' needs num_compute_wgs=2, the ring kernel "
+                       "(gather='fused' or cross_tile=True), cluster_m=1 and an even "
+                       "max_concurrent_steps >= 4 (a ring of half the stages per warpgroup), got "
+                       f"num_compute_wgs={self.num_compute_wgs}, gather={self.gather!r}, "
+                       f"cross_tile={self.cross_tile}, cluster_m={self.cluster_m}, "
+                       f"max_concurrent_steps={self.max_concurrent_steps}")
     if self.wg_split == "m" and not (self.num_compute_wgs == 2 and self.block_m == 128
                                      and self.ring):
       raise ValueError("GemmConfig.wg_split='m' needs num_compute_wgs=2, block_m=128 and the "
@@ -263,6 +283,26 @@ def swiglu_gemm_config(k: int, n: int, *, gather: GatherMode | None = None) -> G
   bn = 64 if n % 64 == 0 else 32 if n % 32 == 0 else 8
   return GemmConfig(block_m=128, block_n=bn, block_k=bk, max_concurrent_steps=4,
                     grid_tile_width=8, gather=gather)
+
+
+def pingpong_config(k: int, n: int, *, epilogue: Literal["none", "swiglu"] = "none",
+                    gather: GatherMode = "fused") -> GemmConfig:
+  """A ping-pong ring tiling (``wg_split="pingpong"``; session 32, not yet timed) for a grouped
+  GEMM with contraction ``k`` and ``n`` output columns (SwiGLU: n = the A width, two
+  accumulators), to compare against the heuristic: 64-row tiles, one per consumer warpgroup,
+  128 accumulator registers each (64 x 256, or 64 x 2·128 with SwiGLU, m64 wgmmas), block_k 32
+  and 6 stages (3 per warpgroup's ring: the rings and both epilogue tiles fit in SMEM). SwiGLU
+  gathers x in the kernel (``gather``); the plain GEMMs use the cross-tile ring. ValueError
+  where n is not a multiple of the tile width or k of 32."""
+  swiglu = epilogue == "swiglu"
+  bn = 128 if swiglu else 256
+  if n % bn or k % 32:
+    raise ValueError(f"pingpong_config: n ({n}) must be a multiple of {bn} and k ({k}) of 32")
+  return GemmConfig(block_m=64, block_n=bn, block_k=32, max_concurrent_steps=6,
+                    grid_tile_width=8 if n >= 2048 else 16, num_compute_wgs=2,
+                    gather=gather if swiglu else "xla",
+                    cross_tile=not (swiglu and gather == "fused"), epilogue_swizzle=True,
+                    wg_split="pingpong")
 
 
 def combine_config(d: int, impl: Literal["xla", "mosaic"] = "xla") -> CombineConfig:

@@ -178,6 +178,10 @@ def grouped_gemm(
   # Every tile reads a full block_m window starting on a multiple of 8 rows: keep the loaded
   # array at least block_m tall and a multiple of 8 rows (a copy only for odd tiny shapes).
   out_rows = max(num_rows, bm)
+  if config.epilogue_swizzle:
+    # The swizzled store's TMA tiles the output's rows by 8: a multiple of 8 rows (sliced
+    # back below: a copy only where num_rows is not, e.g. 111 rows under 64-row tiles).
+    out_rows = -(-out_rows // 8) * 8
   src_rows = lhs.shape[0] if gather_idx is None else gather_idx.shape[0]
   m_src = -(-max(src_rows, bm) // 8) * 8
   if gather_idx is None and m_src != src_rows:
@@ -208,6 +212,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   bn_cta = config.block_n_cta
   bm_wg = config.block_m_wg  # accumulator rows per consumer warpgroup
   split_m = config.wg_split == "m"
+  # Ping-pong: each consumer warpgroup runs whole tiles (no slicing), from its own ring.
+  pingpong = config.pingpong
   swiglu = epilogue == "swiglu"
   n_out = n_total // 2 if swiglu else n_total
   cluster_m = config.cluster_m
@@ -307,7 +313,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     """wg_slice: this warpgroup's rows of the A tile (split_m) or columns of the B tiles."""
     if split_m:
       a_smem = a_smem.at[wg_slice]
-    split_b = wgs > 1 and not split_m
+    split_b = wgs > 1 and config.wg_split == "n"
     for acc, b in zip(accs, b_smems):
       if transpose_rhs:
         b_op = b.at[wg_slice].T if split_b else b.T
@@ -442,6 +448,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   # (full_b then counts it): unlike emit_pipeline_warp_specialized, which restarts per tile and
   # whose producer must wait for the consumers' end of tile, the producer here runs across tiles,
   # so the next tile's loads overlap this tile's last steps and epilogue.
+  # Ping-pong (config.pingpong): two rings of slots / 2 stages side by side; the CTA's j-th
+  # (tile, N block) item goes to ring and consumer warpgroup j % 2 as that ring's (j // 2)-th
+  # tile. Each warpgroup waits only on its own ring's barriers, in order (Mosaic GPU tracks a
+  # barrier's phase by counting the waiting thread's own waits, so a warpgroup cannot skip the
+  # other's stages of a shared ring), and its epilogue runs while the producer feeds the other.
   def body_ring(*refs):
     if fused_gather:
       expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref, *rest = refs
@@ -455,12 +466,20 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       a_ring, b_ring, epi_smem, full_b, empty = rest[len(out_cols):]
       full_a = None
     num_tiles = ntiles_ref[0]
-    slots = config.max_concurrent_steps
+    slots = config.max_concurrent_steps // (2 if pingpong else 1)  # stages per ring
     n_rhs = num_accs
     wg = lax.axis_index("wg")
     interp = bool(interpret)
+
+    def ring_of(g0):
+      """(ring, ring-local first step, ring base slot) of the item starting at CTA step g0."""
+      if not pingpong:
+        return 0, g0, 0
+      j = g0 // k_steps
+      ring = lax.rem(j, 2)
+      return ring, (j // 2) * k_steps, ring * slots
     if fused_gather:
-      cp_async.init_barriers(full_a, slots, interpret=interp)
+      cp_async.init_barriers(full_a, config.max_concurrent_steps, interpret=interp)
     # With 2-CTA clusters both CTAs walk the same (tile pair, N block) items, each the tile of
     # the pair given by its rank (the tiles come in pairs of one expert: make_tiles(pair=True)).
     rank = cluster_rank(cluster_m)
@@ -481,11 +500,12 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       def tile(mi, ni, g0):
         e, _, _, row_load, _ = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
+        _, gr0, base = ring_of(g0)
 
         @pl.loop(0, k_steps)
         def _k(kk):
-          g = g0 + kk
-          slot = cp_async.ring_slot(g, slots)
+          g = gr0 + kk
+          slot = cp_async.ring_slot(g, slots, base)
 
           @pl.when(g >= slots)
           def _():
@@ -509,37 +529,54 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       total = tiles_loop(tile)
 
-      cp_async.drain_releases(empty, total, slots)
+      if pingpong:
+        items = total // k_steps  # ring 0 took the even items, ring 1 the odd ones
+        cp_async.drain_releases(empty, (items + 1) // 2 * k_steps, slots, 0)
+        cp_async.drain_releases(empty, items // 2 * k_steps, slots, slots)
+      else:
+        cp_async.drain_releases(empty, total, slots)
 
     @pl.when(wg < wgs)
     def _consumers():
       plgpu.set_max_registers(_consumer_regs(wgs), action="increase")
-      wg_slice = pl.ds(wg * bm_wg, bm_wg) if split_m else pl.ds(wg * bn, bn)
+      if pingpong:
+        wg_slice = None
+      else:
+        wg_slice = pl.ds(wg * bm_wg, bm_wg) if split_m else pl.ds(wg * bn, bn)
 
       def tile(mi, ni, g0):
         e, row_start, rows, row_load, off = tile_info(expert_ref, load_ref, dst_ref, rows_ref, mi)
         del e
         row_start, rows, off, row_load = wg_window(wg, row_start, rows, off, row_load)
-        col = ni * bn_cta + (0 if split_m else wg * bn)
+        col = ni * bn_cta + (wg * bn if config.wg_split == "n" else 0)
+        ring, gr0, base = ring_of(g0)
 
         def acc_scope(*acc_refs):
           @pl.loop(0, k_steps)
           def _k(kk):
-            g = g0 + kk
-            slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp)
+            g = gr0 + kk
+            slot = cp_async.wait_stage(full_b, full_a, g=g, slots=slots, interpret=interp,
+                                       base=base)
             wgmma_step(acc_refs, a_ring.at[slot], [b_ring.at[slot, j] for j in range(n_rhs)],
                        wg_slice)
             plgpu.wgmma_wait(1)  # step g - 1's wgmmas are done: its stage can be refilled
 
             @pl.when(kk > 0)
             def _():
-              plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots)])
+              plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, base)])
           accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
-          plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g0 + k_steps - 1, slots)])
+          plgpu.barrier_arrive(empty.at[cp_async.ring_slot(gr0 + k_steps - 1, slots, base)])
           epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
           epilogue_store(accs, out_refs, epi, col=col, row_start=row_start, rows=rows, off=off,
                          row_load=row_load)
-        pl.run_scoped(acc_scope, *[plgpu.ACC((bm_wg, bn), _F32) for _ in range(num_accs)])
+
+        def run_tile():
+          pl.run_scoped(acc_scope, *[plgpu.ACC((bm_wg, bn), _F32) for _ in range(num_accs)])
+
+        if pingpong:
+          pl.when(ring == wg)(run_tile)  # the other warpgroup's item: not ours
+        else:
+          run_tile()
 
       tiles_loop(tile)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -563,8 +600,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         *([cp_async.barrier_scratch(slots, interpret=bool(interpret))] if fused_gather else []),
         # The B TMAs (and the A TMA without a gather): one arrival per copy.
         plgpu.Barrier(num_arrivals=n_b + (0 if fused_gather else 1), num_barriers=slots),
-        # empty: one arrival per consumer warpgroup (of each CTA of the cluster with multicast).
-        release_barrier(wgs, slots, multicast),
+        # empty: one arrival per consumer warpgroup (of each CTA of the cluster with multicast);
+        # under ping-pong a slot has one consumer, its ring's warpgroup.
+        release_barrier(1 if config.pingpong else wgs, slots, multicast),
     ]
     return plgpu.kernel(body_ring, scratch_types=scratch, num_threads=wgs + 1,
                         thread_name="wg", **common)
