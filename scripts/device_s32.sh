@@ -9,6 +9,10 @@
 #   defaults 3.912 / 20.267 ms, fused_epilogue="dh" under config 13 4.584 / 22.126).
 #   run(command="PART=pingpong bash scripts/device_s32.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # PART=pptests / ppprof: the tests / the profile alone (PROF_CONFIGS, PROF_S to change it).
+# PART=pallaspp (any Hopper GPU): the Pallas ring kernels ping-pong (GemmConfig(wg_split=
+#   "pingpong"), not yet run on a GPU): test_gpu_pingpong_matches_xla, then the kernel profile
+#   of the step with each forward GEMM ping-pong against the heuristic.
+#   run(command="PART=pallaspp bash scripts/device_s32.sh")
 # PART=next: pingpong, then on an H200 the layer benchmark (scripts/device_s29.sh bench) if the
 #   call has time left (BENCH_AFTER=1).
 # PART=dhregs|ncuswiglu|swiglu|bench|...: as scripts/device_s31.sh.
@@ -30,6 +34,12 @@ if [[ $part == next ]]; then
 fi
 for part in $part; do
 case $part in
+pallaspp)
+  gpu_tests "${TEST_S:-150}" tests/test_pallas_forward.py -k "pingpong or test_gpu_forward_matches_xla"
+  PROF_TAG=pallaspp kernel_profile "${PROF_S:-300}" \
+    "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" \
+    "pallas,pallas::pingpong,pallas::pingpong=up_proj,pallas::pingpong=down_proj/dx_pairs" 0.05
+  ;;
 pingpong|pptests|ppprof)
   if [[ $part != ppprof ]]; then
     gpu_tests "${TEST_S:-180}" tests/test_ffi.py -k "PINGPONG or pingpong"
