@@ -38,7 +38,8 @@ pallaspp)
   gpu_tests "${TEST_S:-150}" tests/test_pallas_forward.py -k "pingpong or test_gpu_forward_matches_xla"
   PROF_TAG=pallaspp kernel_profile "${PROF_S:-300}" \
     "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" \
-    "pallas,pallas::pingpong,pallas::pingpong=up_proj,pallas::pingpong=down_proj/dx_pairs" 0.05
+    "pallas,pallas::pingpong,pallas::pingpong=up_proj,pallas::pingpong=down_proj/dx_pairs,\
+pallas::pingpong=up_proj:up_proj.pingpong_ring=split" 0.05
   ;;
 pingpong|pptests|ppprof)
   if [[ $part != ppprof ]]; then

@@ -312,17 +312,19 @@ def test_cluster_pairs_ring_matches_xla(name, gather):
 
 
 # (case, gather, stages, block_k, d, n): wg_split="pingpong", the two consumer warpgroups take
-# whole 64-row tiles in turn, each from its own ring of stages / 2 slots. Several tiles per CTA
-# (two CTAs in the interpreter) so both rings wrap; one expert with every token gives full
-# tiles (the swizzled store), empty experts and straddling groups ragged ones; several k steps
-# (d / block_k) and column blocks (n / block_n).
+# whole 64-row tiles in turn (k / block_k a multiple of 2 x stages, as the shared ring needs on
+# a GPU). The interpreter runs the split rings (it forbids the shared ring's skipped phases):
+# item assignment, both rings' waits, releases and drains, the epilogues. Several items per
+# CTA (two CTAs), odd and even item counts; one expert with every token gives full tiles (the
+# swizzled store), empty experts and straddling groups ragged ones; several k steps and
+# column blocks (n / block_n).
 PINGPONG_CASES = [
-    ("straddle_e5", "fused", 4, 32, 64, 64),
-    ("empty_experts", "fused", 6, 32, 128, 64),
-    ("one_expert_all_tokens", "fused", 4, 64, 128, 128),
-    ("fewer_pairs_than_tile", "fused", 4, 64, 64, 64),
-    ("straddle_e5", "xla", 4, 64, 64, 64),
-    ("one_expert_all_tokens", "xla", 6, 32, 128, 64),
+    ("straddle_e5", "fused", 2, 32, 128, 128),
+    ("empty_experts", "fused", 4, 32, 256, 256),
+    ("one_expert_all_tokens", "fused", 2, 32, 128, 128),
+    ("fewer_pairs_than_tile", "fused", 2, 32, 128, 128),
+    ("straddle_e5", "xla", 2, 64, 256, 256),
+    ("one_expert_all_tokens", "xla", 4, 32, 256, 256),
 ]
 
 
@@ -346,18 +348,54 @@ def test_pingpong_ring_matches_xla(name, gather, stages, block_k, d, n, swizzle)
   assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
 
 
+@pytest.mark.parametrize("name,gather", [("empty_experts", "fused"), ("straddle_e5", "xla")])
+def test_pingpong_split_rings_match_xla(name, gather):
+  """pingpong_ring="split" as configured (two rings of max_concurrent_steps // 2 stages, the
+  form the interpreter also runs for "shared"), any k (here 96 / 32 = 3 k steps)."""
+  ring = dict(block_m=64, block_n=32, num_compute_wgs=2, wg_split="pingpong", block_k=32,
+              max_concurrent_steps=4, pingpong_ring="split", grid_tile_width=2)
+  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
+  plain = GemmConfig(cross_tile=True, **ring)
+  kern = PallasKernels(interpret=True,
+                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
+  plan = _case(name)
+  _check_up_down(kern, plan, 96, 96)
+  dh = tokens(plan.capacity, 192, seed=5)
+  w1, _ = weights(plan.num_experts, 96, 96)
+  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
 def test_pingpong_config_rules():
   ok = dict(num_compute_wgs=2, cross_tile=True, max_concurrent_steps=4, wg_split="pingpong")
   assert GemmConfig(**ok).pingpong and not GemmConfig().pingpong
-  for bad in (dict(num_compute_wgs=1), dict(cross_tile=False), dict(max_concurrent_steps=5),
-              dict(max_concurrent_steps=2), dict(cluster_m=2)):
+  for bad in (dict(num_compute_wgs=1), dict(cross_tile=False), dict(cluster_m=2)):
     with pytest.raises(ValueError, match="wg_split='pingpong' needs num_compute_wgs=2"):
       GemmConfig(**{**ok, **bad})
+  with pytest.raises(ValueError, match="pingpong_ring must be 'shared' or 'split'"):
+    GemmConfig(**ok, pingpong_ring="one")
+  with pytest.raises(ValueError, match="pingpong_ring='split' needs max_concurrent_steps >= 4"):
+    GemmConfig(**{**ok, "max_concurrent_steps": 3}, pingpong_ring="split")
+  assert GemmConfig(**ok).pingpong_ring == "shared"
   cfg = GemmConfig(block_m=64, block_n=128, **ok)
   assert cfg.block_n_cta == 128 and cfg.block_m_wg == 64
-  from sonic_jax.pallas.grouped_gemm import smem_bytes
-  # Two rings of 2 stages (A 64 x 64, B 64 x 128) and one epilogue tile per warpgroup.
+  from sonic_jax.pallas.grouped_gemm import smem_bytes, validate_gemm
+  # A ring of 4 stages (A 64 x 64, B 64 x 128) and one epilogue tile per warpgroup.
   assert smem_bytes(cfg, epilogue="none") == 4 * (64 * 64 + 64 * 128) * 2 + 2 * 64 * 128 * 2
+  # A consumer skips the other's items: k / block_k a multiple of 2 x stages.
+  validate_gemm(256, 512, 128, cfg, epilogue="none", what="gemm")
+  with pytest.raises(ValueError, match=r"pingpong' needs the contraction's k steps \(768 / "
+                     r"block_k = 12\) to be a multiple of 2 x max_concurrent_steps \(8\)"):
+    validate_gemm(256, 768, 128, cfg, epilogue="none", what="gemm")
+  # The split rings skip nothing: any k.
+  validate_gemm(256, 768, 128, GemmConfig(block_m=64, block_n=128, pingpong_ring="split", **ok),
+                epilogue="none", what="gemm")
+  from sonic_jax.pallas.configs import pingpong_config
+  assert pingpong_config(1536, 256, epilogue="swiglu").max_concurrent_steps == 6  # 48 steps
+  assert pingpong_config(4096, 1024).max_concurrent_steps == 4  # 128 steps
+  assert pingpong_config(256, 1536).max_concurrent_steps == 4  # 8 steps
+  assert pingpong_config(128, 1536).max_concurrent_steps == 2  # 4 steps
+  with pytest.raises(ValueError, match="pingpong_config: n"):
+    pingpong_config(96, 1536)
 
 
 def test_cluster_config_rules():
@@ -648,17 +686,23 @@ LOWERING_VARIANTS = [
         cluster_m=2)),
     # Ping-pong (session 32): a 64-row tile per warpgroup, two rings side by side.
     ("up_fused_gather_pingpong", "up", 256, 128, dict(
-        block_m=64, block_n=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2,
+        block_m=64, block_n=128, block_k=32, max_concurrent_steps=4, num_compute_wgs=2,
         gather="fused", epilogue_swizzle=True, wg_split="pingpong")),
     ("up_xla_gather_cross_tile_pingpong", "up", 256, 128, dict(
         block_m=64, block_n=128, block_k=32, max_concurrent_steps=4, num_compute_wgs=2,
         cross_tile=True, epilogue_swizzle=True, wg_split="pingpong")),
     ("down_cross_tile_pingpong", "down", 256, 256, dict(
-        block_m=64, block_n=256, block_k=32, max_concurrent_steps=6, num_compute_wgs=2,
+        block_m=64, block_n=256, block_k=32, max_concurrent_steps=4, num_compute_wgs=2,
         cross_tile=True, epilogue_swizzle=True, wg_split="pingpong")),
     ("dx_pairs_cross_tile_pingpong", "dx", 256, 128, dict(
-        block_m=64, block_n=128, block_k=64, max_concurrent_steps=4, num_compute_wgs=2,
+        block_m=64, block_n=128, block_k=64, max_concurrent_steps=2, num_compute_wgs=2,
         cross_tile=True, wg_split="pingpong")),
+    ("up_fused_gather_pingpong_split", "up", 256, 128, dict(
+        block_m=64, block_n=128, block_k=32, max_concurrent_steps=6, num_compute_wgs=2,
+        gather="fused", epilogue_swizzle=True, wg_split="pingpong", pingpong_ring="split")),
+    ("down_cross_tile_pingpong_split", "down", 256, 256, dict(
+        block_m=64, block_n=256, block_k=32, max_concurrent_steps=6, num_compute_wgs=2,
+        cross_tile=True, epilogue_swizzle=True, wg_split="pingpong", pingpong_ring="split")),
 ]
 
 

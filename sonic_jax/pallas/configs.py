@@ -70,10 +70,14 @@ class GemmConfig:
   count (fused up_proj 1-5 % faster on the H200). Only on the ring kernels (gather="fused" or
   cross_tile) with 2 consumers, block_m 128. "pingpong" (session 32; lowered and run in the
   interpreter on the CPU, not yet run on a GPU): each warpgroup owns whole tiles of block_m
-  rows x block_n columns and the two take the CTA's tiles in turn, each from its own ring of
-  max_concurrent_steps / 2 stages, so one warpgroup's epilogue runs under the other's
-  mainloop (CUTLASS's ping-pong; SonicMoE's dH kernel). Ring kernels with 2 consumers, an even
-  max_concurrent_steps >= 4, no cluster.
+  rows x block_n columns and the two take the CTA's tiles in turn from the one ring, their
+  mainloops ordered by a barrier, so one warpgroup's epilogue runs under the other's mainloop
+  (CUTLASS's ping-pong; SonicMoE's dH kernel). Ring kernels with 2 consumers, no cluster; the
+  contraction's k steps must be a multiple of 2 x max_concurrent_steps (validate_gemm).
+  pingpong_ring: "shared" (the above; the interpreter, which forbids a waiter lagging a
+  barrier by more than one phase, runs it as "split") or "split": a ring of
+  max_concurrent_steps // 2 stages per consumer, no order barrier (session 14's dh form,
+  which lost there: docs/pallas-backward.md).
   cluster_m: 1, or 2 for 2-CTA clusters on the ring kernels: the two CTAs of a cluster take
   neighbouring M tiles of one expert (``tiles.make_tiles(pair=True)``: each expert's tile count
   rounded up to even, the extra tile owning no rows) and the same N block, and each loads half
@@ -96,6 +100,7 @@ class GemmConfig:
   cross_tile: bool = False
   wg_split: Literal["n", "m", "pingpong"] = "n"
   cluster_m: int = 1
+  pingpong_ring: Literal["shared", "split"] = "shared"
 
   @property
   def ring(self) -> bool:
@@ -138,15 +143,20 @@ class GemmConfig:
     if self.wg_split not in ("n", "m", "pingpong"):
       raise ValueError(f"GemmConfig.wg_split must be 'n', 'm' or 'pingpong', got "
                        f"{self.wg_split!r}")
+    if self.pingpong_ring not in ("shared", "split"):
+      raise ValueError(f"GemmConfig.pingpong_ring must be 'shared' or 'split', got "
+                       f"{self.pingpong_ring!r}")
+    if (self.wg_split == "pingpong" and self.pingpong_ring == "split"
+        and self.max_concurrent_steps < 4):
+      raise ValueError("GemmConfig.pingpong_ring='split' needs max_concurrent_steps >= 4 (two "
+                       "stages per consumer's ring: a stage is released one step late), got "
+                       f"{self.max_concurrent_steps}")
     if self.wg_split == "pingpong" and not (
-        self.num_compute_wgs == 2 and self.ring and self.cluster_m == 1
-        and self.max_concurrent_steps % 2 == 0 and self.max_concurrent_steps >= 4):
+        self.num_compute_wgs == 2 and self.ring and self.cluster_m == 1):
       raise ValueError("GemmConfig.wg_split='pingpong' needs num_compute_wgs=2, the ring kernel "
-                       "(gather='fused' or cross_tile=True), cluster_m=1 and an even "
-                       "max_concurrent_steps >= 4 (a ring of half the stages per warpgroup), got "
+                       "(gather='fused' or cross_tile=True) and cluster_m=1, got "
                        f"num_compute_wgs={self.num_compute_wgs}, gather={self.gather!r}, "
-                       f"cross_tile={self.cross_tile}, cluster_m={self.cluster_m}, "
-                       f"max_concurrent_steps={self.max_concurrent_steps}")
+                       f"cross_tile={self.cross_tile}, cluster_m={self.cluster_m}")
     if self.wg_split == "m" and not (self.num_compute_wgs == 2 and self.block_m == 128
                                      and self.ring):
       raise ValueError("GemmConfig.wg_split='m' needs num_compute_wgs=2, block_m=128 and the "
@@ -291,14 +301,17 @@ def pingpong_config(k: int, n: int, *, epilogue: Literal["none", "swiglu"] = "no
   GEMM with contraction ``k`` and ``n`` output columns (SwiGLU: n = the A width, two
   accumulators), to compare against the heuristic: 64-row tiles, one per consumer warpgroup,
   128 accumulator registers each (64 x 256, or 64 x 2·128 with SwiGLU, m64 wgmmas), block_k 32
-  and 6 stages (3 per warpgroup's ring: the rings and both epilogue tiles fit in SMEM). SwiGLU
-  gathers x in the kernel (``gather``); the plain GEMMs use the cross-tile ring. ValueError
-  where n is not a multiple of the tile width or k of 32."""
+  and the deepest ring of 6, 4 or 2 stages whose double divides the k steps (the ring and
+  both epilogue tiles fit in SMEM). SwiGLU gathers x in the kernel (``gather``); the plain
+  GEMMs use the cross-tile ring. ValueError where n is not a multiple of the tile width or
+  k / 32 not of 4."""
   swiglu = epilogue == "swiglu"
   bn = 128 if swiglu else 256
-  if n % bn or k % 32:
-    raise ValueError(f"pingpong_config: n ({n}) must be a multiple of {bn} and k ({k}) of 32")
-  return GemmConfig(block_m=64, block_n=bn, block_k=32, max_concurrent_steps=6,
+  k_steps = k // 32
+  if n % bn or k % 32 or k_steps % 4:
+    raise ValueError(f"pingpong_config: n ({n}) must be a multiple of {bn} and k ({k}) of 128")
+  stages = next(s for s in (6, 4, 2) if k_steps % (2 * s) == 0)
+  return GemmConfig(block_m=64, block_n=bn, block_k=32, max_concurrent_steps=stages,
                     grid_tile_width=8 if n >= 2048 else 16, num_compute_wgs=2,
                     gather=gather if swiglu else "xla",
                     cross_tile=not (swiglu and gather == "fused"), epilogue_swizzle=True,

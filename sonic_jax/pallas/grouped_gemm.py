@@ -127,6 +127,13 @@ def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogu
   if k % config.block_k:
     raise ValueError(f"{what}: the contraction dim ({k}) must be a multiple of block_k "
                      f"({config.block_k})")
+  if (config.pingpong and config.pingpong_ring == "shared"
+      and (k // config.block_k) % (2 * config.max_concurrent_steps)):
+    raise ValueError(f"{what}: wg_split='pingpong' needs the contraction's k steps "
+                     f"({k} / block_k = {k // config.block_k}) to be a multiple of 2 x "
+                     f"max_concurrent_steps ({2 * config.max_concurrent_steps}): a consumer "
+                     "skips the other's items, which must use every ring slot an even number "
+                     "of times")
   if n_out % bn_cta:
     rule = "block_n * num_compute_wgs" if config.wg_split == "n" else "block_n (wg_split='m')"
     raise ValueError(f"{what}: the output dim ({n_out}) must be a multiple of {rule} "
@@ -228,6 +235,11 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   out_type = [jax.ShapeDtypeStruct((out_rows, c), dtype) for c in out_cols]
   # SMEM epilogue tiles per compute warpgroup (SwiGLU training: gate and up, then A).
   n_epi = epilogue_tiles(swiglu, inference)
+  # Ring slots allocated: the interpreter runs the shared ping-pong ring as two rings of its
+  # full depth (it forbids the shared ring's skipped phases; SMEM size is not checked there).
+  split_ring = pingpong and (config.pingpong_ring == "split" or bool(interpret))
+  alloc_slots = config.max_concurrent_steps * (
+      2 if pingpong and config.pingpong_ring == "shared" and interpret else 1)
   num_accs = 2 if swiglu else 1
   max_store_rows = min(bm_wg, out_rows)
 
@@ -448,11 +460,20 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   # (full_b then counts it): unlike emit_pipeline_warp_specialized, which restarts per tile and
   # whose producer must wait for the consumers' end of tile, the producer here runs across tiles,
   # so the next tile's loads overlap this tile's last steps and epilogue.
-  # Ping-pong (config.pingpong): two rings of slots / 2 stages side by side; the CTA's j-th
-  # (tile, N block) item goes to ring and consumer warpgroup j % 2 as that ring's (j // 2)-th
-  # tile. Each warpgroup waits only on its own ring's barriers, in order (Mosaic GPU tracks a
-  # barrier's phase by counting the waiting thread's own waits, so a warpgroup cannot skip the
-  # other's stages of a shared ring), and its epilogue runs while the producer feeds the other.
+  # Ping-pong (config.pingpong): the CTA's j-th (tile, N block) item goes to consumer warpgroup
+  # j % 2; one consumer releases each stage. Two forms (config.pingpong_ring):
+  # "shared": one ring; each consumer skips the other's items. Mosaic GPU tracks a barrier's
+  # phase by counting the waiting thread's own waits (no parity argument), so a skipped item
+  # must use every slot an even number of times: k_steps a multiple of 2 · slots
+  # (validate_gemm), which leaves the skipping warpgroup's phase bits as they were. The two
+  # consumers' mainloops are ordered by the `turn` barriers (warpgroup w waits on turn[w]
+  # before an item, the other arrives once its last wgmma of the previous item is issued), so
+  # no full barrier is waited on while two phases behind, where the older phase's parity would
+  # pass. The interpreter forbids a waiter lagging a barrier by more than one phase, so there
+  # this form runs as "split".
+  # "split": two rings of slots // 2 stages side by side, item j in ring j % 2 as that ring's
+  # (j // 2)-th item; each consumer waits on its own ring's barriers only, in order. The
+  # running consumer has half the stages (session 14's dh form, DhConfig(pipelines=2)).
   def body_ring(*refs):
     if fused_gather:
       expert_ref, load_ref, dst_ref, rows_ref, ntiles_ref, gidx_ref, lhs_ref, rhs_ref, *rest = refs
@@ -461,25 +482,27 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       gidx_ref = None
     out_refs = rest[:len(out_cols)]
     if fused_gather:
-      a_ring, b_ring, epi_smem, full_a, full_b, empty = rest[len(out_cols):]
+      a_ring, b_ring, epi_smem, full_a, full_b, empty, *turn = rest[len(out_cols):]
     else:
-      a_ring, b_ring, epi_smem, full_b, empty = rest[len(out_cols):]
+      a_ring, b_ring, epi_smem, full_b, empty, *turn = rest[len(out_cols):]
       full_a = None
+    turn = turn[0] if turn else None  # ping-pong's order barriers
     num_tiles = ntiles_ref[0]
-    slots = config.max_concurrent_steps // (2 if pingpong else 1)  # stages per ring
+    interp = bool(interpret)
+    split = split_ring
+    slots = alloc_slots // (2 if split else 1)  # stages per ring
     n_rhs = num_accs
     wg = lax.axis_index("wg")
-    interp = bool(interpret)
 
     def ring_of(g0):
-      """(ring, ring-local first step, ring base slot) of the item starting at CTA step g0."""
-      if not pingpong:
-        return 0, g0, 0
+      """(ring, ring-local first step, ring's first slot) of the item starting at CTA step g0
+      (the item's consumer warpgroup is j % 2, j = g0 // k_steps)."""
       j = g0 // k_steps
-      ring = lax.rem(j, 2)
-      return ring, (j // 2) * k_steps, ring * slots
+      if not split:
+        return lax.rem(j, 2), g0, 0
+      return lax.rem(j, 2), (j // 2) * k_steps, lax.rem(j, 2) * slots
     if fused_gather:
-      cp_async.init_barriers(full_a, config.max_concurrent_steps, interpret=interp)
+      cp_async.init_barriers(full_a, alloc_slots, interpret=interp)
     # With 2-CTA clusters both CTAs walk the same (tile pair, N block) items, each the tile of
     # the pair given by its rank (the tiles come in pairs of one expert: make_tiles(pair=True)).
     rank = cluster_rank(cluster_m)
@@ -529,7 +552,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       total = tiles_loop(tile)
 
-      if pingpong:
+      if split:
         items = total // k_steps  # ring 0 took the even items, ring 1 the odd ones
         cp_async.drain_releases(empty, (items + 1) // 2 * k_steps, slots, 0)
         cp_async.drain_releases(empty, items // 2 * k_steps, slots, slots)
@@ -549,9 +572,16 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         del e
         row_start, rows, off, row_load = wg_window(wg, row_start, rows, off, row_load)
         col = ni * bn_cta + (wg * bn if config.wg_split == "n" else 0)
-        ring, gr0, base = ring_of(g0)
+        item = g0 // k_steps  # this CTA's item index
+        owner, gr0, base = ring_of(g0)
+        ordered = pingpong and not split  # the shared ring's turn barriers
 
         def acc_scope(*acc_refs):
+          if ordered:
+            @pl.when(item > 0)
+            def _():
+              plgpu.barrier_wait(turn.at[wg])  # the other consumer issued item - 1
+
           @pl.loop(0, k_steps)
           def _k(kk):
             g = gr0 + kk
@@ -564,6 +594,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             @pl.when(kk > 0)
             def _():
               plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, base)])
+          if ordered:
+            plgpu.barrier_arrive(turn.at[1 - wg])  # every wgmma of this item is issued
           accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
           plgpu.barrier_arrive(empty.at[cp_async.ring_slot(gr0 + k_steps - 1, slots, base)])
           epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
@@ -574,11 +606,20 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
           pl.run_scoped(acc_scope, *[plgpu.ACC((bm_wg, bn), _F32) for _ in range(num_accs)])
 
         if pingpong:
-          pl.when(ring == wg)(run_tile)  # the other warpgroup's item: not ours
+          pl.when(owner == wg)(run_tile)  # the other consumer's item: skipped
         else:
           run_tile()
 
-      tiles_loop(tile)
+      total = tiles_loop(tile)
+      if pingpong and not split:
+        # The last item's arrival on the other consumer's turn barrier has no item to wait for
+        # it: that consumer awaits it here (items n: turn[w] gets one more arrival than waits
+        # where n % 2 == w), so every phase is awaited before the barriers are freed.
+        items = total // k_steps
+
+        @pl.when((items > 0) & (lax.rem(items, 2) == wg))
+        def _():
+          plgpu.barrier_wait(turn.at[wg])
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
@@ -587,7 +628,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
                 compiler_params=params, interpret=_interpret_params(interpret))
   common.update(cluster_kwargs(cluster_m))
   if fused_gather or config.cross_tile:
-    slots = config.max_concurrent_steps
+    slots = alloc_slots
     itemsize = jnp.dtype(dtype).itemsize
     b_shape = (bn_cta, bk) if transpose_rhs else (bk, bn_cta)
     n_b = 1 if transpose_rhs else num_accs
@@ -601,8 +642,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         # The B TMAs (and the A TMA without a gather): one arrival per copy.
         plgpu.Barrier(num_arrivals=n_b + (0 if fused_gather else 1), num_barriers=slots),
         # empty: one arrival per consumer warpgroup (of each CTA of the cluster with multicast);
-        # under ping-pong a slot has one consumer, its ring's warpgroup.
+        # under ping-pong a slot has one consumer, the warpgroup of the item.
         release_barrier(1 if config.pingpong else wgs, slots, multicast),
+        # Ping-pong: turn[w], on which consumer w waits before each of its items but the first.
+        *([plgpu.Barrier(num_arrivals=1, num_barriers=2)] if config.pingpong else []),
     ]
     return plgpu.kernel(body_ring, scratch_types=scratch, num_threads=wgs + 1,
                         thread_name="wg", **common)
