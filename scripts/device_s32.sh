@@ -10,8 +10,8 @@
 #   run(command="PART=pingpong bash scripts/device_s32.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # PART=pptests / ppprof: the tests / the profile alone (PROF_CONFIGS, PROF_S to change it).
 # PART=pallaspp (any Hopper GPU): the Pallas ring kernels ping-pong (GemmConfig(wg_split=
-#   "pingpong"), not yet run on a GPU): test_gpu_pingpong_matches_xla, then the kernel profile
-#   of the step with each forward GEMM ping-pong against the heuristic.
+#   "pingpong"), DhConfig(pipelines=2, pipeline_ring="shared"), not yet run on a GPU): their
+#   GPU tests, then the kernel profile of the step with them against the heuristic.
 #   run(command="PART=pallaspp bash scripts/device_s32.sh")
 # PART=next: pingpong, then on an H200 the layer benchmark (scripts/device_s29.sh bench) if the
 #   call has time left (BENCH_AFTER=1).
@@ -27,6 +27,13 @@ PP_VARIANTS="ffi,ffi:fused_epilogue=dh:gather_schedule=pingpong_c1,\
 ffi:fused_epilogue=dh:gather_schedule=pingpong,ffi:up_proj_epilogue=gemm_pingpong,\
 ffi:up_proj_epilogue=gemm_pingpong:fused_epilogue=dh:gather_schedule=pingpong_c1,\
 ffi:fused_epilogue=both:gather_schedule=pingpong_c1,ffi:fused-gather=dh:gather_schedule=pingpong_c1"
+# Pallas: the heuristic; the forward GEMMs ping-pong on the shared ring (all three, up_proj
+# alone, down_proj and dx_pairs), up_proj on the split rings; dh ping-pong (64 x 256 per
+# consumer, 4 stages) on the shared ring and on the split rings (session 14's form).
+DH_PP="dh.pipelines=2:dh.block_m=64:dh.num_consumers=1:dh.max_concurrent_steps=4"
+PALLAS_PP_VARIANTS="pallas,pallas::pingpong,pallas::pingpong=up_proj,\
+pallas::pingpong=down_proj/dx_pairs,pallas::pingpong=up_proj:up_proj.pingpong_ring=split,\
+pallas::${DH_PP}:dh.pipeline_ring=shared,pallas::${DH_PP}:dh.pipeline_ring=split"
 for part in ${PART//,/ }; do
 if [[ $part == next ]]; then
   part=pingpong
@@ -35,11 +42,10 @@ fi
 for part in $part; do
 case $part in
 pallaspp)
-  gpu_tests "${TEST_S:-150}" tests/test_pallas_forward.py -k "pingpong or test_gpu_forward_matches_xla"
-  PROF_TAG=pallaspp kernel_profile "${PROF_S:-300}" \
-    "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" \
-    "pallas,pallas::pingpong,pallas::pingpong=up_proj,pallas::pingpong=down_proj/dx_pairs,\
-pallas::pingpong=up_proj:up_proj.pingpong_ring=split" 0.05
+  gpu_tests "${TEST_S:-150}" tests/test_pallas_forward.py tests/test_pallas_backward.py \
+    -k "pingpong or 2pipes or test_gpu_forward_matches_xla"
+  PROF_TAG=pallaspp kernel_profile "${PROF_S:-330}" \
+    "${PROF_CONFIGS:-paper-7B-n256,paper-30B-n512}" "${PALLAS_PP_VARIANTS}" 0.05
   ;;
 pingpong|pptests|ppprof)
   if [[ $part != ppprof ]]; then

@@ -178,6 +178,7 @@ RING_CFGS = {"fused": DH_FUSED_CFG, "ring": DH_RING_CFG,
              "fused-2pipes-gmem-swz": dataclasses.replace(
                  DH_FUSED_CFG, pipelines=2, h_source="gmem", epi_buffers=2,
                  epilogue_swizzle=True),
+
              # 2-CTA clusters (DhConfig.cluster_m): pair tiles, each CTA its tile of the pair
              # (the interpreter has no cluster barriers: no multicast there).
              "fused-cluster2": dataclasses.replace(DH_FUSED_CFG, cluster_m=2),
@@ -237,6 +238,20 @@ def test_dh_fused_gather_matches_xla(case, kind):
 def test_dh_fused_gather_ring_depths(d, block_k, stages, kind):
   a = _inputs("straddle_e5", d=d)
   cfg = dataclasses.replace(RING_CFGS[kind], block_k=block_k, max_concurrent_steps=stages)
+  got, want = _run_dh(a, cfg)
+  _assert_dh_matches(got, want, a["plan"])
+
+
+@pytest.mark.parametrize("name", ["straddle_e5", "one_expert_e3", "padding_e6"])
+@pytest.mark.parametrize("gather", ["fused", "xla"])
+def test_dh_shared_pipeline_ring_matches_xla(name, gather):
+  """DhConfig(pipelines=2, pipeline_ring="shared") (d / block_k = 8, a multiple of 2 x 2
+  stages), which the interpreter runs as the split rings: the configuration's path to the
+  kernel and the fallback, dH / A' / dS against xla."""
+  a = _inputs(name, d=256)
+  base = DH_FUSED_CFG if gather == "fused" else DH_RING_CFG
+  cfg = dataclasses.replace(base, pipelines=2, pipeline_ring="shared", block_k=32,
+                            h_source="gmem", epi_buffers=2)
   got, want = _run_dh(a, cfg)
   _assert_dh_matches(got, want, a["plan"])
 
@@ -421,12 +436,20 @@ WIDE_M_DH = dict(block_n=256, epi_n=64, ctas_per_sm=1, num_consumers=2, consumer
                                      pipelines=2, epilogue_swizzle=True),
                                 dict(ring=True, **WIDE_M_DH, epilogue_swizzle=True, cluster_m=2),
                                 dict(gather="fused", **WIDE_M_DH, cluster_m=2),
-                                dict(ring=True, cluster_m=2)],
+                                dict(ring=True, cluster_m=2),
+                                dict(ring=True, **{**WIDE_M_DH, "block_m": 64, "num_consumers": 1,
+                                                   "max_concurrent_steps": 4},
+                                     pipelines=2, pipeline_ring="shared", epilogue_swizzle=True),
+                                dict(gather="fused", **{**WIDE_M_DH, "block_m": 64,
+                                                        "num_consumers": 1,
+                                                        "max_concurrent_steps": 4},
+                                     pipelines=2, pipeline_ring="shared")],
                          ids=["ring", "ring-k32", "fused", "ring-prefetch", "rows-64x256",
                               "rows-64x256-prefetch", "rows-64x256-lookahead-swz",
                               "fused-rows-64x256", "rows-64x256-swz", "rows-64x128-smem-swz",
                               "2pipes-64x256", "fused-2pipes-64x256", "rows-64x256-swz-cluster2",
-                              "fused-rows-64x256-cluster2", "ring-cluster2"])
+                              "fused-rows-64x256-cluster2", "ring-cluster2",
+                              "2pipes-64x256-shared", "fused-2pipes-64x256-shared"])
 def test_dh_wide_lowers_to_mosaic_gpu(kw):
   """The wide ring kernel (two consumers side by side on a 128 x 256 CTA tile, H read from HBM
   into registers) lowers for CUDA on the CPU host within the SMEM limit: no H tiles in SMEM."""
@@ -434,6 +457,9 @@ def test_dh_wide_lowers_to_mosaic_gpu(kw):
   assert smem_bytes(cfg) <= 220 * 1024
   text = _dh_cuda_text(cfg, n=256)
   assert "mosaic_gpu" in text and "setmaxnreg.inc" in text
+  if cfg.pipeline_ring == "shared":
+    # One ring (half the split rings' SMEM) and the two turn barriers' waits and arrivals.
+    assert smem_bytes(cfg) < smem_bytes(dataclasses.replace(cfg, pipeline_ring="split"))
   if cfg.pipelines == 2:
     # One producer feeds both rings: three warpgroups, the two consumers raised to 232
     # registers. A producer per pipeline (four warpgroups) capped ptxas at 128 (session 14).
@@ -475,6 +501,19 @@ def test_dh_wide_validation():
   one = DhConfig(ring=True, block_m=64, block_n=256, block_k=32, max_concurrent_steps=4,
                  h_source="gmem", epi_buffers=2)
   assert smem_bytes(dataclasses.replace(one, pipelines=2)) == 2 * smem_bytes(one)
+  # The shared ring: one ring, each consumer its staging.
+  shared = dataclasses.replace(one, pipelines=2, pipeline_ring="shared")
+  ring_bytes = 4 * (64 * 32 + 256 * 32) * 2
+  assert smem_bytes(shared) == 2 * smem_bytes(one) - ring_bytes
+  with pytest.raises(ValueError, match="pipeline_ring must be 'split' or 'shared'"):
+    dataclasses.replace(shared, pipeline_ring="one")
+  with pytest.raises(ValueError, match="pipeline_ring = 'shared' needs pipelines = 2"):
+    dataclasses.replace(one, pipeline_ring="shared")
+  validate_dh_shapes(1536, 256, shared)  # 48 k steps: a multiple of 2 x 4
+  with pytest.raises(ValueError, match=r"pipeline_ring = 'shared' needs d / block_k \(1344 / "
+                     r"32 = 42\) to be a multiple of 2 x max_concurrent_steps \(8\)"):
+    validate_dh_shapes(1344, 256, shared)
+  validate_dh_shapes(1344, 256, dataclasses.replace(shared, pipeline_ring="split"))
   # Two staging buffers instead of three leave room for the third stage.
   assert smem_bytes(DhConfig(ring=True, **{**WIDE_DH, "epi_buffers": 3})) > 220 * 1024
   # H from HBM frees 2 x 64 KiB of SMEM: the same tiles with H in SMEM do not fit.
@@ -1065,6 +1104,14 @@ SWZ_DH = {
     "ring-2pipes-64x256": dict(ring=True, pipelines=2, **{**WIDE_M_DH, "block_m": 64,
                                                          "num_consumers": 1,
                                                          "max_concurrent_steps": 4}),
+    # ... on one shared ring, the consumers ordered by turn barriers (session 32; d = 768 /
+    # block_k 32 = 24 k steps, a multiple of 2 x 4), dO gathered by XLA or in the kernel.
+    "ring-2pipes-64x256-shared": dict(ring=True, pipelines=2, pipeline_ring="shared",
+                                      **{**WIDE_M_DH, "block_m": 64, "num_consumers": 1,
+                                         "max_concurrent_steps": 4}),
+    "fused-2pipes-64x256-shared": dict(gather="fused", pipelines=2, pipeline_ring="shared",
+                                       **{**WIDE_M_DH, "block_m": 64, "num_consumers": 1,
+                                          "max_concurrent_steps": 4}),
 }
 
 

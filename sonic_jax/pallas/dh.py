@@ -132,6 +132,14 @@ class DhConfig:
   4 stages per ring, H from HBM, against the default): 64 x 256 0.611 vs 0.565 ms at T=40960,
   d=768, n=512, E=64, K=4 and 6.83 vs 4.60 ms at T=32768, d=4096, n=1024, E=128, K=8; 128 x 128
   0.774 / 7.11 ms. Each consumer's wgmmas run alone, one 64- or 128-row tile at a time.
+  pipeline_ring: with pipelines = 2, "split" (the above: a ring per consumer) or "shared"
+  (session 32; lowered on the CPU, not yet run on a GPU): one ring of max_concurrent_steps
+  stages for both consumers, which take the CTA's items in turn (item j to consumer j % 2),
+  each skipping the other's items, their mainloops ordered by two turn barriers, as
+  grouped_gemm's ``wg_split="pingpong"`` (docs/pallas-forward.md): the running consumer has
+  every stage. Needs d / block_k a multiple of 2 x max_concurrent_steps (a skipped item must
+  use every slot an even number of times: Pallas tracks barrier phases per waiting thread).
+  The interpreter, which forbids the skipped phases, runs it as "split".
   cluster_m: 1, or 2 for 2-CTA clusters on the ring kernel (one pipeline, one CTA per SM), as
   ``GemmConfig.cluster_m``: neighbouring M tiles of one expert (``make_tiles(pair=True)``) in
   the two CTAs of a cluster, the W2 tile by TMA multicast, the slots released through a
@@ -163,6 +171,7 @@ class DhConfig:
   epilogue_swizzle: bool = False
   pipelines: int = 1
   cluster_m: int = 1
+  pipeline_ring: Literal["split", "shared"] = "split"
 
   @property
   def block_n_cta(self) -> int:
@@ -219,6 +228,12 @@ class DhConfig:
                        "prefetched by TMA already)")
     if self.pipelines not in (1, 2):
       raise ValueError(f"DhConfig.pipelines must be 1 or 2, got {self.pipelines!r}")
+    if self.pipeline_ring not in ("split", "shared"):
+      raise ValueError(f"DhConfig.pipeline_ring must be 'split' or 'shared', got "
+                       f"{self.pipeline_ring!r}")
+    if self.pipeline_ring == "shared" and self.pipelines != 2:
+      raise ValueError(f"DhConfig.pipeline_ring = 'shared' needs pipelines = 2, got "
+                       f"{self.pipelines}")
     if self.pipelines == 2 and (not self.warp_specialized or self.num_consumers != 1):
       raise ValueError(f"DhConfig.pipelines = 2 needs the ring kernel (gather='fused' or "
                        f"ring=True) with num_consumers = 1, got gather={self.gather!r}, "
@@ -425,7 +440,8 @@ def smem_bytes(config: DhConfig, itemsize: int = 2) -> int:
     bm_wg = bm if config.consumer_split == "n" else bm // wgs
     h_wg = 2 * bm_wg * bn * itemsize if config.h_source == "smem" else 0
     staged = config.epi_buffers * bm_wg * config.epi_n * itemsize
-    return config.pipelines * (ring + wgs * (h_wg + bm_wg * 4 + staged + bm_wg * 4))
+    rings = 1 if config.pipeline_ring == "shared" else config.pipelines
+    return rings * ring + config.pipelines * wgs * (h_wg + bm_wg * 4 + staged + bm_wg * 4)
   outputs = 3 * bm * bn * itemsize + bm * 4
   return h_tiles + max(ring, outputs)
 
@@ -440,6 +456,12 @@ def validate_dh_shapes(d: int, n: int, config: DhConfig) -> None:
     raise ValueError(f"n ({n}) must be a multiple of the dh CTA tile's columns "
                      f"({config.block_n_cta} = {config.num_consumers} consumers side by side "
                      f"(consumer_split='n') x DhConfig.block_n {config.block_n})")
+  if config.pipeline_ring == "shared" and (d // config.block_k) % (2 * config.max_concurrent_steps):
+    raise ValueError(f"DhConfig.pipeline_ring = 'shared' needs d / block_k ({d} / "
+                     f"{config.block_k} = {d // config.block_k}) to be a multiple of 2 x "
+                     f"max_concurrent_steps ({2 * config.max_concurrent_steps}): a consumer "
+                     "skips the other's items, which must use every ring slot an even number "
+                     "of times")
   if smem_bytes(config) > SMEM_LIMIT:
     raise ValueError(f"DhConfig {config} needs {smem_bytes(config)} bytes of SMEM, more than "
                      f"{SMEM_LIMIT}: lower max_concurrent_steps, block_k or block_n")
@@ -654,6 +676,10 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   dtype = h.dtype
   itemsize = jnp.dtype(dtype).itemsize
   interp = bool(interpret)
+  # pipeline_ring="shared": one ring for both pipelines' consumers (the interpreter, which
+  # forbids a consumer skipping barrier phases, runs the split rings instead).
+  shared = pipes == 2 and config.pipeline_ring == "shared" and not interp
+  ring_slots = slots if shared else pipes * slots  # ring slots allocated
   cluster_m = config.cluster_m
   multicast = multicasts(cluster_m, interp)
   tiles = tiles_lib.make_tiles(plan.group_sizes, plan.group_offsets, block_m=bm, align=bm,
@@ -691,12 +717,13 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
     s_smem, out_smem, ds_smem = refs[:3]
     refs = refs[3:]
     full_a = None if pregathered else refs.pop(0)
-    full_b, empty, h_bars = refs
+    full_b, empty, h_bars, *turn = refs
+    turn = turn[0] if turn else None  # pipelines = 2: the shared ring's order barriers
     dh_gmem = h_gmem  # dH overwrites H in place (module docstring)
     wg = lax.axis_index("wg")
     num_tiles = meta_gmem[4, 0]
     if not pregathered:
-      cp_async.init_barriers(full_a, pipes * slots, interpret=interp)
+      cp_async.init_barriers(full_a, ring_slots, interpret=interp)
 
     def pipe_items(pipe):
       """Pipeline pipe's work items, a virtual CTA's: items first, first + stride, ... of the
@@ -714,8 +741,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
 
     def tiles_loop(tile_body, pipe):
       """Runs tile_body(mi, ni, g0) over this pipeline's work items (g0: its ring position);
-      returns the ring steps it ran."""
-      if pipes == 1:
+      returns the ring steps it ran. The shared ring: over the CTA's items (both pipelines')."""
+      if pipes == 1 or shared:
         pairs = num_tiles // cluster_m
 
         @plgpu.nd_loop((pairs * grid_n,), collective_axes="sm", init_carry=jnp.int32(0))
@@ -760,7 +787,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             cp_async.issue_gather(gidx_gmem, dout_gmem, a_ring, full_a, slot=slot, row0=row0,
                                   k0=kk * bk, block_m=bm, block_k=bk, interpret=interp)
 
-      if pipes == 1:
+      if pipes == 1 or shared:
         total = tiles_loop(lambda mi, ni, g0: tile(mi, ni, g0, 0), 0)
         cp_async.drain_releases(empty, total, slots)
         return
@@ -786,7 +813,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       wgmma_layout = plgpu.Layout.WGMMA
       # wg indexes the per-consumer scratch; within its pipeline the consumer is warpgroup cw.
       pipe, cw = (0, wg) if pipes == 1 else (wg // wgs, wg % wgs)
-      ring0 = pipe * slots  # this pipeline's first slot (a Python 0 with one pipeline)
+      # This pipeline's first slot (a Python 0 with one pipeline or the shared ring).
+      ring0 = 0 if shared else pipe * slots
       base = 0 if split_n else cw * bm_wg  # this warpgroup's first row within a tile
       s_w, ds_w = (r.at[wg] for r in (s_smem, ds_smem))
       # Staging buffers: untiled (ragged ladder), and with epilogue_swizzle also the swizzled
@@ -813,7 +841,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         full = None if out_swz is None else rows_w == bm_wg
         _on_staging_view(out_lin, out_swz, full, write_and_store)
 
-      def tile(mi, ni, g0):
+      def tile(mi, ni, g0, item=None):
+        """item: the CTA's item index, for the shared ring's turn barriers (else None)."""
         blk = meta_gmem[1, mi]
         lo = meta_gmem[2, mi]
         rows = meta_gmem[3, mi]
@@ -843,6 +872,11 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
                                   layout=wgmma_layout, optimized=False) for off in (0, n))
 
         def acc_scope(acc_ref):
+          if item is not None:
+            @pl.when(item > 0)
+            def _():
+              plgpu.barrier_wait(turn.at[wg])  # the other consumer issued item - 1
+
           @pl.loop(0, k_steps)
           def _k(kk):
             g = g0 + kk
@@ -856,6 +890,8 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             @pl.when(kk > 0)
             def _():
               plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, ring0)])
+          if item is not None:
+            plgpu.barrier_arrive(turn.at[1 - wg])  # every wgmma of this item is issued
           # h_lookahead: chunk 0's H loads go out while the last wgmmas run.
           first = h_chunk(0) if config.h_lookahead else None
           acc = acc_ref[...]  # waits for every wgmma of the tile
@@ -906,7 +942,21 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
         n_part = ni * wgs + cw if split_n else ni
         plgpu.copy_smem_to_gmem(ds_w, dsp_gmem.at[n_part, mi, pl.ds(base, bm_wg)])
 
-      tiles_loop(tile, pipe)
+      if shared:
+        # Item j is consumer j % 2's; the other skips it (d / block_k a multiple of 2 x slots
+        # leaves its barrier phase bits as they were), and the turn barriers order the two
+        # consumers' mainloops (grouped_gemm's ping-pong has the same scheme).
+        def tile_shared(mi, ni, g0):
+          item = g0 // k_steps
+          pl.when(lax.rem(item, 2) == wg)(lambda: tile(mi, ni, g0, item))
+        items = tiles_loop(tile_shared, 0) // k_steps
+
+        # The last item's arrival on the other consumer's turn barrier: awaited here.
+        @pl.when((items > 0) & (lax.rem(items, 2) == wg))
+        def _():
+          plgpu.barrier_wait(turn.at[wg])
+      else:
+        tiles_loop(tile, pipe)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   h_scratch = [] if h_from_gmem else [
@@ -917,22 +967,24 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
   scratch = [
       # Untiled in the interpreter (it checks no layouts and its row copies need none); the
       # TMA-fed ring's layout is left to Mosaic GPU's inference.
-      plgpu.SMEM((pipes * slots, bm, bk), dtype,
+      plgpu.SMEM((ring_slots, bm, bk), dtype,
                  transforms=() if interp or pregathered else cp_async.a_transforms(bk, itemsize)),
-      plgpu.SMEM((pipes * slots, b_parts, bn, bk), dtype),
+      plgpu.SMEM((ring_slots, b_parts, bn, bk), dtype),
       *h_scratch,
       # Per consumer warpgroup: scores, the epi_buffers staging buffers of one epi_n chunk of
       # dH gate, dH up and A' (untiled: the ragged stores slice any row), the dS row.
       plgpu.SMEM((n_cons, bm_wg), _F32),
       staging_smem((n_cons, n_bufs, bm_wg, epi_n), dtype, h_transforms, swizzled_epi),
       plgpu.SMEM((n_cons, bm_wg), _F32),
-      *([] if pregathered else [cp_async.barrier_scratch(pipes * slots, interpret=interp)]),
+      *([] if pregathered else [cp_async.barrier_scratch(ring_slots, interpret=interp)]),
       # full_b: the W2 TMA(s) (and the pre-gathered dO tile's)
       plgpu.Barrier(num_arrivals=b_parts + (1 if pregathered else 0),
-                    num_barriers=pipes * slots),
+                    num_barriers=ring_slots),
       # empty: the release by the pipeline's consumers (of both CTAs with multicast)
-      release_barrier(wgs, pipes * slots, multicast),
+      release_barrier(wgs, ring_slots, multicast),
       plgpu.Barrier(num_arrivals=1, num_barriers=3 * n_cons),  # H gate, H up, scores per consumer
+      # The shared ring's turn barriers (consumer w waits on turn[w] before an item).
+      *([plgpu.Barrier(num_arrivals=1, num_barriers=2)] if shared else []),
   ]
   kernel = plgpu.kernel(
       body,
