@@ -433,7 +433,7 @@ struct GatherGemm {
   static constexpr int kProducerRegs = kTmaA ? 40 : kTmaB ? 56 : 72;
   static constexpr int kConsumerRegs = kTmaA ? 232 : kTmaB ? 224 : 216;
   static_assert(!kRegRealloc || kProducerThreads * kProducerRegs +
-                                    2 * cutlass::NumThreadsPerWarpGroup * kConsumerRegs <= 65536,
+                                    kConsumerThreads * kConsumerRegs <= 65536,
                 "setmaxnreg: the register file holds 64 K registers");
   static_assert(kEpi != Epi::kDSwiGLU || kMmaThreads == 2 * kBM,
                 "prefetch_h: one consumer thread per (row, half)");

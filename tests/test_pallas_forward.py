@@ -195,6 +195,26 @@ def _check_up_down(kern, plan, d: int, n: int, down: bool = True) -> None:
     assert rel_err(kern.down_proj(a_ref, w2, plan), XLA.down_proj(a_ref, w2, plan)) < BF16_TOL
 
 
+def _ring_configs(ring: dict, gather: str) -> tuple[GemmConfig, GemmConfig]:
+  """(up_proj, plain) configs of the ring kernels from the shared fields ``ring``: up_proj
+  with the fused gather, or the cross-tile ring after an XLA gather; down_proj / dx_pairs on
+  the cross-tile ring."""
+  return (GemmConfig(gather=gather, cross_tile=gather == "xla", **ring),
+          GemmConfig(cross_tile=True, **ring))
+
+
+def _check_forward_gemms(up: GemmConfig, plain: GemmConfig, name: str, d: int, n: int) -> None:
+  """up_proj under ``up``, down_proj and dx_pairs under ``plain`` on plan ``name`` in the
+  interpreter: H, A, Y and dx against the xla backend at bf16 tolerance."""
+  kern = PallasKernels(interpret=True,
+                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
+  plan = _case(name)
+  _check_up_down(kern, plan, d, n)
+  dh = tokens(plan.capacity, 2 * n, seed=5)
+  w1, _ = weights(plan.num_experts, d, n)
+  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+
+
 # (d, n, block_k): k steps of up_proj / down_proj = (1, 1) (the k == block_k case whose
 # producer ran tiles ahead before the end-of-tile barrier), (2, 2), and (4, 2) > 2 slots.
 @pytest.mark.parametrize("d,n,block_k", [(64, 64, 64), (64, 64, 32), (128, 64, 32)])
@@ -251,13 +271,7 @@ def test_cross_tile_ring_matches_xla(wgs, stages, block_k, d, n):
   across-tiles ring with the A tile by TMA; empty experts and groups straddling tiles."""
   cfg = GemmConfig(block_n=32, cross_tile=True, num_compute_wgs=wgs,
                    **dict(_SMALL, block_k=block_k, max_concurrent_steps=stages))
-  kern = PallasKernels(interpret=True,
-                       config=ForwardConfig(up_proj=cfg, down_proj=cfg, dx_pairs=cfg))
-  plan = _case("empty_experts")
-  _check_up_down(kern, plan, d, n)
-  dh = tokens(plan.capacity, 2 * n, seed=5)
-  w1, _ = weights(plan.num_experts, d, n)
-  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+  _check_forward_gemms(cfg, cfg, "empty_experts", d, n)
 
 
 # (case, gather, stages, block_k, d, n): wg_split="m", each consumer warpgroup owns 64 of the
@@ -279,15 +293,7 @@ def test_split_m_ring_matches_xla(name, gather, stages, block_k, d, n, swizzle):
   ring after an XLA gather), down_proj and dx_pairs (cross-tile); H, A, Y, dx against xla."""
   ring = dict(block_m=128, block_n=32, num_compute_wgs=2, wg_split="m", block_k=block_k,
               max_concurrent_steps=stages, epilogue_swizzle=swizzle)
-  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
-  plain = GemmConfig(cross_tile=True, **ring)
-  kern = PallasKernels(interpret=True,
-                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
-  plan = _case(name)
-  _check_up_down(kern, plan, d, n)
-  dh = tokens(plan.capacity, 2 * n, seed=5)
-  w1, _ = weights(plan.num_experts, d, n)
-  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+  _check_forward_gemms(*_ring_configs(ring, gather), name, d, n)
 
 
 @pytest.mark.parametrize("name,gather", [("straddle_e5", "fused"), ("empty_experts", "xla"),
@@ -300,15 +306,7 @@ def test_cluster_pairs_ring_matches_xla(name, gather):
   barriers, so no multicast); H, A, Y, dx against xla."""
   ring = dict(block_m=128, block_n=32, num_compute_wgs=2, wg_split="m", block_k=64,
               max_concurrent_steps=3, cluster_m=2)
-  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
-  plain = GemmConfig(cross_tile=True, **ring)
-  kern = PallasKernels(interpret=True,
-                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
-  plan = _case(name)
-  _check_up_down(kern, plan, 64, 64)
-  dh = tokens(plan.capacity, 128, seed=5)
-  w1, _ = weights(plan.num_experts, 64, 64)
-  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+  _check_forward_gemms(*_ring_configs(ring, gather), name, 64, 64)
 
 
 # (case, gather, stages, block_k, d, n): wg_split="pingpong", the two consumer warpgroups take
@@ -336,16 +334,9 @@ def test_pingpong_ring_matches_xla(name, gather, stages, block_k, d, n, swizzle)
   against xla."""
   ring = dict(block_m=64, block_n=32, num_compute_wgs=2, wg_split="pingpong", block_k=block_k,
               max_concurrent_steps=stages, epilogue_swizzle=swizzle, grid_tile_width=2)
-  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
-  plain = GemmConfig(cross_tile=True, **ring)
+  up, plain = _ring_configs(ring, gather)
   assert up.pingpong and up.block_n_cta == 32 and up.block_m_wg == 64
-  kern = PallasKernels(interpret=True,
-                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
-  plan = _case(name)
-  _check_up_down(kern, plan, d, n)
-  dh = tokens(plan.capacity, 2 * n, seed=5)
-  w1, _ = weights(plan.num_experts, d, n)
-  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+  _check_forward_gemms(up, plain, name, d, n)
 
 
 @pytest.mark.parametrize("name,gather", [("empty_experts", "fused"), ("straddle_e5", "xla")])
@@ -354,15 +345,7 @@ def test_pingpong_split_rings_match_xla(name, gather):
   form the interpreter also runs for "shared"), any k (here 96 / 32 = 3 k steps)."""
   ring = dict(block_m=64, block_n=32, num_compute_wgs=2, wg_split="pingpong", block_k=32,
               max_concurrent_steps=4, pingpong_ring="split", grid_tile_width=2)
-  up = GemmConfig(gather=gather, cross_tile=gather == "xla", **ring)
-  plain = GemmConfig(cross_tile=True, **ring)
-  kern = PallasKernels(interpret=True,
-                       config=ForwardConfig(up_proj=up, down_proj=plain, dx_pairs=plain))
-  plan = _case(name)
-  _check_up_down(kern, plan, 96, 96)
-  dh = tokens(plan.capacity, 192, seed=5)
-  w1, _ = weights(plan.num_experts, 96, 96)
-  assert rel_err(kern.dx_pairs(dh, w1, plan), XLA.dx_pairs(dh, w1, plan)) < BF16_TOL
+  _check_forward_gemms(*_ring_configs(ring, gather), name, 96, 96)
 
 
 def test_pingpong_config_rules():

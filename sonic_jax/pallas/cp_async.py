@@ -15,7 +15,9 @@ for pre-Hopper GPUs, so these helpers emit it through ``plgpu.inline_mgpu``:
   proxy) wrote;
 * ``wait_stage`` / ``drain_releases``: the consumer's wait for a ring step and the producer's
   final wait for the consumers' releases, shared by the kernels whose ring runs across tiles
-  (grouped_gemm's, dh's and wgrad's).
+  (grouped_gemm's, dh's and wgrad's);
+* ``turn_wait`` / ``turn_arrive`` / ``turn_drain``: the order of two ping-pong consumers on one
+  shared ring (grouped_gemm's ``wg_split="pingpong"``, dh's ``pipeline_ring="shared"``).
 
 These mbarriers are plain 8-byte SMEM words (``barrier_scratch``), not Pallas barriers: inline
 Mosaic GPU code cannot take a Pallas barrier as an argument.
@@ -251,3 +253,33 @@ def drain_releases(empty, total, slots: int, base=0) -> None:
   @pl.loop(jnp.maximum(total - slots, 0), total)
   def _released(g):
     plgpu.barrier_wait(empty.at[ring_slot(g, slots, base)])
+
+
+# Two ping-pong consumers on one shared ring take the CTA's items in turn (item j to consumer
+# j % 2), each skipping the other's. ``turn`` is a pair of one-arrival Pallas barriers: consumer
+# w waits on turn[w] before each of its items but the first, and the other consumer arrives
+# there once every wgmma of its previous item is issued. So a consumer starts waiting on its
+# next item's stages only after the other has waited on every stage of the item between, and
+# no full barrier is waited on two phases behind, where the older phase's parity would pass.
+
+
+def turn_wait(turn, wg, item) -> None:
+  """Consumer ``wg`` before CTA item ``item`` (its own): the other consumer issued item - 1."""
+  @pl.when(item > 0)
+  def _():
+    plgpu.barrier_wait(turn.at[wg])
+
+
+def turn_arrive(turn, wg) -> None:
+  """Consumer ``wg`` once every wgmma of its item is issued: the other's turn."""
+  plgpu.barrier_arrive(turn.at[1 - wg])
+
+
+def turn_drain(turn, wg, items) -> None:
+  """Consumer ``wg`` after the CTA's ``items`` items: the last item's arrival has no item of
+  the other consumer to wait for it (turn[w] gets one more arrival than waits where
+  items % 2 == w), so consumer w awaits it here and every phase is awaited before the barriers
+  are freed."""
+  @pl.when((items > 0) & (lax.rem(items, 2) == wg))
+  def _():
+    plgpu.barrier_wait(turn.at[wg])

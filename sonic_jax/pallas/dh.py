@@ -873,9 +873,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
 
         def acc_scope(acc_ref):
           if item is not None:
-            @pl.when(item > 0)
-            def _():
-              plgpu.barrier_wait(turn.at[wg])  # the other consumer issued item - 1
+            cp_async.turn_wait(turn, wg, item)
 
           @pl.loop(0, k_steps)
           def _k(kk):
@@ -891,7 +889,7 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
             def _():
               plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, ring0)])
           if item is not None:
-            plgpu.barrier_arrive(turn.at[1 - wg])  # every wgmma of this item is issued
+            cp_async.turn_arrive(turn, wg)  # every wgmma of this item is issued
           # h_lookahead: chunk 0's H loads go out while the last wgmmas run.
           first = h_chunk(0) if config.h_lookahead else None
           acc = acc_ref[...]  # waits for every wgmma of the tile
@@ -945,16 +943,11 @@ def _dh_ring(dout, w2, h, scores_grouped, plan: RoutingPlan, config: DhConfig, i
       if shared:
         # Item j is consumer j % 2's; the other skips it (d / block_k a multiple of 2 x slots
         # leaves its barrier phase bits as they were), and the turn barriers order the two
-        # consumers' mainloops (grouped_gemm's ping-pong has the same scheme).
+        # consumers' mainloops (cp_async.turn_*; grouped_gemm's ping-pong uses them too).
         def tile_shared(mi, ni, g0):
           item = g0 // k_steps
           pl.when(lax.rem(item, 2) == wg)(lambda: tile(mi, ni, g0, item))
-        items = tiles_loop(tile_shared, 0) // k_steps
-
-        # The last item's arrival on the other consumer's turn barrier: awaited here.
-        @pl.when((items > 0) & (lax.rem(items, 2) == wg))
-        def _():
-          plgpu.barrier_wait(turn.at[wg])
+        cp_async.turn_drain(turn, wg, tiles_loop(tile_shared, 0) // k_steps)
       else:
         tiles_loop(tile, pipe)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -219,7 +219,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   bn_cta = config.block_n_cta
   bm_wg = config.block_m_wg  # accumulator rows per consumer warpgroup
   split_m = config.wg_split == "m"
-  # Ping-pong: each consumer warpgroup runs whole tiles (no slicing), from its own ring.
+  # Ping-pong: each consumer warpgroup runs whole tiles (no slicing), taken in turn.
   pingpong = config.pingpong
   swiglu = epilogue == "swiglu"
   n_out = n_total // 2 if swiglu else n_total
@@ -238,6 +238,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
   # Ring slots allocated: the interpreter runs the shared ping-pong ring as two rings of its
   # full depth (it forbids the shared ring's skipped phases; SMEM size is not checked there).
   split_ring = pingpong and (config.pingpong_ring == "split" or bool(interpret))
+  shared_ring = pingpong and not split_ring  # one ring, consumers ordered by turn barriers
   alloc_slots = config.max_concurrent_steps * (
       2 if pingpong and config.pingpong_ring == "shared" and interpret else 1)
   num_accs = 2 if swiglu else 1
@@ -486,11 +487,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
     else:
       a_ring, b_ring, epi_smem, full_b, empty, *turn = rest[len(out_cols):]
       full_a = None
-    turn = turn[0] if turn else None  # ping-pong's order barriers
+    turn = turn[0] if turn else None  # the shared ping-pong ring's order barriers
     num_tiles = ntiles_ref[0]
     interp = bool(interpret)
-    split = split_ring
-    slots = alloc_slots // (2 if split else 1)  # stages per ring
+    slots = alloc_slots // (2 if split_ring else 1)  # stages per ring
     n_rhs = num_accs
     wg = lax.axis_index("wg")
 
@@ -498,7 +498,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
       """(ring, ring-local first step, ring's first slot) of the item starting at CTA step g0
       (the item's consumer warpgroup is j % 2, j = g0 // k_steps)."""
       j = g0 // k_steps
-      if not split:
+      if not split_ring:
         return lax.rem(j, 2), g0, 0
       return lax.rem(j, 2), (j // 2) * k_steps, lax.rem(j, 2) * slots
     if fused_gather:
@@ -552,7 +552,7 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
 
       total = tiles_loop(tile)
 
-      if split:
+      if split_ring:
         items = total // k_steps  # ring 0 took the even items, ring 1 the odd ones
         cp_async.drain_releases(empty, (items + 1) // 2 * k_steps, slots, 0)
         cp_async.drain_releases(empty, items // 2 * k_steps, slots, slots)
@@ -574,13 +574,10 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         col = ni * bn_cta + (wg * bn if config.wg_split == "n" else 0)
         item = g0 // k_steps  # this CTA's item index
         owner, gr0, base = ring_of(g0)
-        ordered = pingpong and not split  # the shared ring's turn barriers
 
         def acc_scope(*acc_refs):
-          if ordered:
-            @pl.when(item > 0)
-            def _():
-              plgpu.barrier_wait(turn.at[wg])  # the other consumer issued item - 1
+          if shared_ring:
+            cp_async.turn_wait(turn, wg, item)
 
           @pl.loop(0, k_steps)
           def _k(kk):
@@ -594,8 +591,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
             @pl.when(kk > 0)
             def _():
               plgpu.barrier_arrive(empty.at[cp_async.ring_slot(g - 1 + slots, slots, base)])
-          if ordered:
-            plgpu.barrier_arrive(turn.at[1 - wg])  # every wgmma of this item is issued
+          if shared_ring:
+            cp_async.turn_arrive(turn, wg)  # every wgmma of this item is issued
           accs = tuple(a[...] for a in acc_refs)  # waits for every wgmma of the tile
           plgpu.barrier_arrive(empty.at[cp_async.ring_slot(gr0 + k_steps - 1, slots, base)])
           epi = (tuple(r.at[wg] for r in epi_smem) if swizzled else epi_smem.at[wg])
@@ -611,15 +608,8 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
           run_tile()
 
       total = tiles_loop(tile)
-      if pingpong and not split:
-        # The last item's arrival on the other consumer's turn barrier has no item to wait for
-        # it: that consumer awaits it here (items n: turn[w] gets one more arrival than waits
-        # where n % 2 == w), so every phase is awaited before the barriers are freed.
-        items = total // k_steps
-
-        @pl.when((items > 0) & (lax.rem(items, 2) == wg))
-        def _():
-          plgpu.barrier_wait(turn.at[wg])
+      if shared_ring:
+        cp_async.turn_drain(turn, wg, total // k_steps)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
@@ -644,8 +634,9 @@ def _build_kernel(*, m_src, k, n_total, num_experts, out_rows, dtype, transpose_
         # empty: one arrival per consumer warpgroup (of each CTA of the cluster with multicast);
         # under ping-pong a slot has one consumer, the warpgroup of the item.
         release_barrier(1 if config.pingpong else wgs, slots, multicast),
-        # Ping-pong: turn[w], on which consumer w waits before each of its items but the first.
-        *([plgpu.Barrier(num_arrivals=1, num_barriers=2)] if config.pingpong else []),
+        # The shared ping-pong ring: turn[w], on which consumer w waits before each of its
+        # items but the first (cp_async.turn_wait).
+        *([plgpu.Barrier(num_arrivals=1, num_barriers=2)] if shared_ring else []),
     ]
     return plgpu.kernel(body_ring, scratch_types=scratch, num_threads=wgs + 1,
                         thread_name="wg", **common)
