@@ -80,7 +80,7 @@ def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
 # stages published by noinc mbarrier arrivals), "cp_async" (GATHER_COOP_128x256: weights by
 # cp.async, stages published after the producer's own wait; the default until session 18) or
 # "noinc" (GATHER_NOINC_128x256: cp.async weights, noinc publication); "pingpong" and
-# "pingpong_c1" (session 32, not yet run on a GPU): 64 x 256 tiles, one per consumer
+# "pingpong_c1" (session 32; correct, slower on the H100): 64 x 256 tiles, one per consumer
 # warpgroup, each one's epilogue under the other's mainloop, weights by TMA over a 2 x 1
 # cluster or without one.
 GATHER_SCHEDULE_CONFIGS: dict[str, ops.GemmConfig] = {
@@ -157,10 +157,10 @@ class FfiKernels(ExpertKernels):
   weight bytes from L2 per CTA), "cp_async" (the session-6 kernel), "noinc" (cp.async weights,
   noinc publication), "tma_b_c1" (tma_b without the cluster: each CTA loads its whole weight
   tile; session 28; H100, session 30: dh 3.42 against tma_b's 3.78 ms at 120B-n1024, up_proj
-  7.59 against 7.30) or "pingpong" / "pingpong_c1" (session 32, not yet run on a GPU: 64 x 256
-  tiles, one per consumer warpgroup, whose epilogues run under each other's mainloops, for the
-  fused epilogues; weights by TMA with or without the 2 x 1 cluster). H200, 120B-n1024,
-  isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async /
+  7.59 against 7.30) or "pingpong" / "pingpong_c1" (session 32, slower on the H100 in
+  session 33: 64 x 256 tiles, one per consumer warpgroup, whose epilogues run under each
+  other's mainloops, for the fused epilogues; weights by TMA with or without the 2 x 1
+  cluster). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async /
   noinc (gather_rows + TMA GEMM 7.04 and 4.09); the layer with fused_gather 36.13 / 39.64 /
   41.42 ms (docs/ffi.md, session 18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
@@ -177,8 +177,9 @@ class FfiKernels(ExpertKernels):
   ``fused_epilogue`` or ``fused_gather`` that names up_proj. Opt-in: that kernel took 3.565 /
   0.652 / 7.556 ms at 30B-n512 / 7B-n256 / 120B-n1024 against 3.290 / 0.598 / 7.002 for the
   two it replaces (H100, session 31, benchmarks/results/s31-h100-2026-12-07.md).
-  "gemm_pingpong" (session 32, not yet run on a GPU) is the same GEMM ping-pong (config 17):
-  each 64 x 256 tile's epilogue runs under the other consumer warpgroup's mainloop.
+  "gemm_pingpong" (session 32) is the same GEMM ping-pong (config 17): each 64 x 256 tile's
+  epilogue runs under the other consumer warpgroup's mainloop (0.906 against 0.605 ms at
+  7B-n256, H100, session 33).
   row_gather: "scatter" (default) or "gather": what makes the gathered rows of top-K plans.
   dw1_last: order the backward for peak memory (``ExpertKernels.dw1_last``): dW1 re-gathers x
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)

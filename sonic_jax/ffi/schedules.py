@@ -87,7 +87,7 @@ class GemmConfig(enum.IntEnum):
   # another expert; these never do. Varlen-M masks each tile's rows past its group at the
   # store; varlen-K zeroes both operands' rows past the group end in its last K block.
   TMA_AB_128x256_C1 = 14
-  # Session 32 (compiled and layout-checked on the CPU, not yet run on a GPU): ping-pong on
+  # Session 32 (correct on the H100, slower than the cooperative configs, session 33): ping-pong on
   # 64 x 256 tiles, each consumer warpgroup a whole tile (m64n256 wgmmas), the two taking turns,
   # so one's epilogue runs under the other's mainloop (what SonicMoE does for its dH kernel).
   # Gather and fused-epilogue kinds: B_e by TMA over a 2 x 1 cluster (15) or without (16); the

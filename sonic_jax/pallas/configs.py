@@ -68,8 +68,8 @@ class GemmConfig:
   A tile is read once per warpgroup and accumulator instead of twice: with SwiGLU's two
   accumulators, 64 x 128 (x2) per warpgroup instead of 128 x 64 (x2) at the same register
   count (fused up_proj 1-5 % faster on the H200). Only on the ring kernels (gather="fused" or
-  cross_tile) with 2 consumers, block_m 128. "pingpong" (session 32; lowered and run in the
-  interpreter on the CPU, not yet run on a GPU): each warpgroup owns whole tiles of block_m
+  cross_tile) with 2 consumers, block_m 128. "pingpong" (session 32; correct on the H100 and
+  15-50 % slower per kernel than "n", session 33): each warpgroup owns whole tiles of block_m
   rows x block_n columns and the two take the CTA's tiles in turn from the one ring, their
   mainloops ordered by a barrier, so one warpgroup's epilogue runs under the other's mainloop
   (CUTLASS's ping-pong; SonicMoE's dH kernel). Ring kernels with 2 consumers, no cluster; the
@@ -297,9 +297,9 @@ def swiglu_gemm_config(k: int, n: int, *, gather: GatherMode | None = None) -> G
 
 def pingpong_config(k: int, n: int, *, epilogue: Literal["none", "swiglu"] = "none",
                     gather: GatherMode = "fused") -> GemmConfig:
-  """A ping-pong ring tiling (``wg_split="pingpong"``; session 32, not yet timed) for a grouped
-  GEMM with contraction ``k`` and ``n`` output columns (SwiGLU: n = the A width, two
-  accumulators), to compare against the heuristic: 64-row tiles, one per consumer warpgroup,
+  """A ping-pong ring tiling (``wg_split="pingpong"``; session 32; 15-50 % slower per kernel
+  than the heuristic on the H100, session 33) for a grouped GEMM with contraction ``k`` and
+  ``n`` output columns (SwiGLU: n = the A width, two accumulators), to compare against the heuristic: 64-row tiles, one per consumer warpgroup,
   128 accumulator registers each (64 x 256, or 64 x 2·128 with SwiGLU, m64 wgmmas), block_k 32
   and the deepest ring of 6, 4 or 2 stages whose double divides the k steps (the ring and
   both epilogue tiles fit in SMEM). SwiGLU gathers x in the kernel (``gather``); the plain

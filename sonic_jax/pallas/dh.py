@@ -133,7 +133,7 @@ class DhConfig:
   d=768, n=512, E=64, K=4 and 6.83 vs 4.60 ms at T=32768, d=4096, n=1024, E=128, K=8; 128 x 128
   0.774 / 7.11 ms. Each consumer's wgmmas run alone, one 64- or 128-row tile at a time.
   pipeline_ring: with pipelines = 2, "split" (the above: a ring per consumer) or "shared"
-  (session 32; lowered on the CPU, not yet run on a GPU): one ring of max_concurrent_steps
+  (session 32; correct on the H100, slower than the heuristic): one ring of max_concurrent_steps
   stages for both consumers, which take the CTA's items in turn (item j to consumer j % 2),
   each skipping the other's items, their mainloops ordered by two turn barriers, as
   grouped_gemm's ``wg_split="pingpong"`` (docs/pallas-forward.md): the running consumer has
