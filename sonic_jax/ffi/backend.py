@@ -160,7 +160,8 @@ class FfiKernels(ExpertKernels):
   7.59 against 7.30) or "pingpong" / "pingpong_c1" (session 32, slower on the H100 in
   session 33: 64 x 256 tiles, one per consumer warpgroup, whose epilogues run under each
   other's mainloops, for the fused epilogues; weights by TMA with or without the 2 x 1
-  cluster). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 / 4.53 / 4.56 ms for tma_b / cp_async /
+  cluster). H200, 120B-n1024, isolated: up_proj 6.93 / 9.19 / 10.80 ms and dh 3.53 / 4.53 /
+  4.56 ms for tma_b / cp_async /
   noinc (gather_rows + TMA GEMM 7.04 and 4.09); the layer with fused_gather 36.13 / 39.64 /
   41.42 ms (docs/ffi.md, session 18).
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
