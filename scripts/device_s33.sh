@@ -12,8 +12,8 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s33_out}
 begin_call
-UPFUSED_VARIANTS="ffi,ffi:fused_epilogue=up_proj:wgrad-gather,\
-ffi:fused_epilogue=up_proj:wgrad-gather:gather_schedule=tma_b_c1,ffi:fused-gather:wgrad-gather"
+UPFUSED_VARIANTS=${UPFUSED_VARIANTS:-"ffi,ffi:fused_epilogue=up_proj:wgrad-gather,\
+ffi:fused_epilogue=up_proj:wgrad-gather:gather_schedule=tma_b_c1,ffi:fused-gather:wgrad-gather"}
 for part in ${PART//,/ }; do
 case $part in
 upfused)
