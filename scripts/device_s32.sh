@@ -13,8 +13,8 @@
 #   config per call: PROF_CONFIGS=paper-30B-n512 PART=ppprof for the second.
 # PART=pptests / ppprof: the tests / the profile alone (PROF_CONFIGS, PROF_S to change it).
 # PART=pallaspp (any Hopper GPU): the Pallas ring kernels ping-pong (GemmConfig(wg_split=
-#   "pingpong"), DhConfig(pipelines=2, pipeline_ring="shared"), not yet run on a GPU): their
-#   GPU tests, then the kernel profile of the step with them against the heuristic.
+#   "pingpong"), DhConfig(pipelines=2, pipeline_ring="shared")): their GPU tests (session 33:
+#   the 150 s limit of then stopped them after 12 passes, now 300 s), then the kernel profile of the step with them against the heuristic.
 #   run(command="PART=pallaspp bash scripts/device_s32.sh"); PART=pallasprof: the profile alone.
 # PART=next: pingpong (the layer benchmark on an H200, PART=bench, takes a call of its own).
 # PART=dhregs|ncuswiglu|swiglu|bench|...: as scripts/device_s31.sh.
@@ -46,7 +46,7 @@ for part in $part; do
 case $part in
 pallaspp|pallasprof)
   if [[ $part == pallaspp ]]; then
-    gpu_tests "${TEST_S:-150}" tests/test_pallas_forward.py tests/test_pallas_backward.py \
+    gpu_tests "${TEST_S:-300}" tests/test_pallas_forward.py tests/test_pallas_backward.py \
       -k "pingpong or 2pipes or test_gpu_forward_matches_xla"
   fi
   PROF_TAG=pallaspp kernel_profile "${PROF_S:-330}" \
