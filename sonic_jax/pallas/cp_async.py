@@ -263,6 +263,17 @@ def drain_releases(empty, total, slots: int, base=0) -> None:
 # no full barrier is waited on two phases behind, where the older phase's parity would pass.
 
 
+def check_shared_ring_steps(k_steps: int, stages: int, needs: str) -> None:
+  """ValueError unless each item's ``k_steps`` ring steps use every one of the shared ring's
+  ``stages`` slots an even number of times, which a consumer skipping the item needs (Mosaic GPU
+  tracks a barrier's phase by counting the waiting thread's own waits). ``needs`` opens the
+  message up to the step count, e.g. "...needs d / block_k (1536 / 32"."""
+  if k_steps % (2 * stages):
+    raise ValueError(f"{needs} = {k_steps}) to be a multiple of 2 x max_concurrent_steps "
+                     f"({2 * stages}): a consumer skips the other's items, which must use every "
+                     "ring slot an even number of times")
+
+
 def turn_wait(turn, wg, item) -> None:
   """Consumer ``wg`` before CTA item ``item`` (its own): the other consumer issued item - 1."""
   @pl.when(item > 0)

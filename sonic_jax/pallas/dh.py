@@ -456,12 +456,10 @@ def validate_dh_shapes(d: int, n: int, config: DhConfig) -> None:
     raise ValueError(f"n ({n}) must be a multiple of the dh CTA tile's columns "
                      f"({config.block_n_cta} = {config.num_consumers} consumers side by side "
                      f"(consumer_split='n') x DhConfig.block_n {config.block_n})")
-  if config.pipeline_ring == "shared" and (d // config.block_k) % (2 * config.max_concurrent_steps):
-    raise ValueError(f"DhConfig.pipeline_ring = 'shared' needs d / block_k ({d} / "
-                     f"{config.block_k} = {d // config.block_k}) to be a multiple of 2 x "
-                     f"max_concurrent_steps ({2 * config.max_concurrent_steps}): a consumer "
-                     "skips the other's items, which must use every ring slot an even number "
-                     "of times")
+  if config.pipeline_ring == "shared":
+    cp_async.check_shared_ring_steps(
+        d // config.block_k, config.max_concurrent_steps,
+        f"DhConfig.pipeline_ring = 'shared' needs d / block_k ({d} / {config.block_k}")
   if smem_bytes(config) > SMEM_LIMIT:
     raise ValueError(f"DhConfig {config} needs {smem_bytes(config)} bytes of SMEM, more than "
                      f"{SMEM_LIMIT}: lower max_concurrent_steps, block_k or block_n")

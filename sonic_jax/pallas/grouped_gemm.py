@@ -127,13 +127,10 @@ def validate_gemm(m_lhs: int, k: int, n_out: int, config: GemmConfig, *, epilogu
   if k % config.block_k:
     raise ValueError(f"{what}: the contraction dim ({k}) must be a multiple of block_k "
                      f"({config.block_k})")
-  if (config.pingpong and config.pingpong_ring == "shared"
-      and (k // config.block_k) % (2 * config.max_concurrent_steps)):
-    raise ValueError(f"{what}: wg_split='pingpong' needs the contraction's k steps "
-                     f"({k} / block_k = {k // config.block_k}) to be a multiple of 2 x "
-                     f"max_concurrent_steps ({2 * config.max_concurrent_steps}): a consumer "
-                     "skips the other's items, which must use every ring slot an even number "
-                     "of times")
+  if config.pingpong and config.pingpong_ring == "shared":
+    cp_async.check_shared_ring_steps(
+        k // config.block_k, config.max_concurrent_steps,
+        f"{what}: wg_split='pingpong' needs the contraction's k steps ({k} / block_k")
   if n_out % bn_cta:
     rule = "block_n * num_compute_wgs" if config.wg_split == "n" else "block_n (wg_split='m')"
     raise ValueError(f"{what}: the output dim ({n_out}) must be a multiple of {rule} "
