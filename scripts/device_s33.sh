@@ -7,6 +7,8 @@
 #   (wgrad_gather; session 22's kernel 10), against the defaults and against every gather in
 #   the GEMM (session 22's "every gather", 4.095 against 4.074 ms at 7B-n256 on the H100).
 #   run(command="PART=upfused bash scripts/device_s33.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# PART=auto (session 34's first call): on an H200 the layer benchmark (PART=bench), elsewhere
+#   upfused.
 # PART=pingpong|pallaspp|...: as scripts/device_s32.sh.
 set -uo pipefail
 source scripts/device_env.sh
@@ -15,6 +17,9 @@ begin_call
 UPFUSED_VARIANTS=${UPFUSED_VARIANTS:-"ffi,ffi:fused_epilogue=up_proj:wgrad-gather,\
 ffi:fused_epilogue=up_proj:wgrad-gather:gather_schedule=tma_b_c1,ffi:fused-gather:wgrad-gather"}
 for part in ${PART//,/ }; do
+if [[ $part == auto ]]; then
+  grep -q H200 "$OUT/gpu.txt" && part=bench || part=upfused
+fi
 case $part in
 upfused)
   PROF_TAG=upfused kernel_profile "${PROF_S:-420}" \
