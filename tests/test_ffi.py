@@ -236,7 +236,8 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
 
 
 def test_ffi_kernels_fused_gather_switch():
-  assert FfiKernels().fused_gather == "auto"  # dh in the GEMM where backend.dout_in_gemm(d, n)
+  # "auto": dh where backend.dout_in_gemm(d, n), up_proj where backend.x_in_gemm(d, n).
+  assert FfiKernels().fused_gather == "auto"
   assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather="both")
   assert FfiKernels(fused_gather=True) != FfiKernels()
   assert FfiKernels(fused_gather="dh") != FfiKernels(fused_gather="up_proj")
@@ -265,29 +266,35 @@ def _ffi_targets(fn, *args) -> list[str]:
 
 _SCATTER_ALL = {"up_proj": "scatter", "dh": "scatter", "dw1": "scatter", "dw2": "scatter"}
 _DOUT_IN_GEMM = {"up_proj": "scatter", "dh": "in-GEMM", "dw1": "scatter", "dw2": "in-GEMM"}
+_ALL_IN_GEMM = {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM", "dw2": "in-GEMM"}
 
 
-@pytest.mark.parametrize("fused, wgrad, d, n, want", [
-    ("none", "none", 32, 16, _SCATTER_ALL),
-    # The default: the dO path in the GEMM where backend.dout_in_gemm(d, n).
-    ("auto", "auto", 32, 16, _DOUT_IN_GEMM),
-    ("auto", "auto", 2048, 256, _DOUT_IN_GEMM),
-    ("auto", "auto", 1024, 512, _DOUT_IN_GEMM),
-    ("auto", "auto", 1032, 512, _SCATTER_ALL),
-    ("auto", "auto", 32, 520, _SCATTER_ALL),
-    ("auto", "none", 32, 16, {**_SCATTER_ALL, "dh": "in-GEMM"}),
-    ("dh", "dw2", 32, 520, _DOUT_IN_GEMM),
+@pytest.mark.parametrize("fused, wgrad, d, n, want, up_epi", [
+    ("none", "none", 32, 16, _SCATTER_ALL, "separate"),
+    # The default: the dO path in the GEMM where backend.dout_in_gemm(d, n), the x path where
+    # backend.x_in_gemm(d, n) (n <= 256).
+    ("auto", "auto", 32, 16, _ALL_IN_GEMM, "separate"),
+    ("auto", "auto", 2048, 256, _ALL_IN_GEMM, "separate"),
+    ("auto", "auto", 1024, 264, _DOUT_IN_GEMM, "separate"),
+    ("auto", "auto", 1024, 512, _DOUT_IN_GEMM, "separate"),
+    ("auto", "auto", 1032, 512, _SCATTER_ALL, "separate"),
+    ("auto", "auto", 32, 520, _SCATTER_ALL, "separate"),
+    ("auto", "none", 32, 16, {**_SCATTER_ALL, "up_proj": "in-GEMM", "dh": "in-GEMM"},
+     "separate"),
+    # up_proj's SwiGLU GEMM over the gathered copy of x: "auto" leaves dW1 that copy.
+    ("auto", "auto", 32, 16, {**_DOUT_IN_GEMM, "up_proj": "copy"}, "gemm"),
+    ("dh", "dw2", 32, 520, _DOUT_IN_GEMM, "separate"),
     ("up_proj", "dw1", 32, 16, {"up_proj": "in-GEMM", "dh": "scatter", "dw1": "in-GEMM",
-                                "dw2": "scatter"}),
-    (True, True, 32, 16, {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM",
-                          "dw2": "in-GEMM"}),
+                                "dw2": "scatter"}, "separate"),
+    (True, True, 32, 16, _ALL_IN_GEMM, "separate"),
 ])
-def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, d, n, want):
+def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad, d, n, want,
+                                                      up_epi):
   """fused_gather / wgrad_gather per entry point: the named ones read rows through gather_idx
   inside their GEMM, the others take scatter_rows' copy (traced only: no GPU, no library)."""
   monkeypatch.setattr(_lib, "library", lambda: None)
   monkeypatch.setattr(_lib, "gemm_workspace_bytes", lambda kind, config, groups: 256)
-  kern = FfiKernels(fused_gather=fused, wgrad_gather=wgrad)
+  kern = FfiKernels(fused_gather=fused, wgrad_gather=wgrad, up_proj_epilogue=up_epi)
   t, e, k = 64, 4, 2
   plan = route_logits(jax.random.normal(jax.random.key(0), (t, e)), top_k=k)
   p = plan.capacity
@@ -302,7 +309,7 @@ def test_ffi_kernels_gather_switches_route_each_entry(monkeypatch, fused, wgrad,
   for entry, how in want.items():
     targets = _ffi_targets(calls[entry])
     scattered = "sonic_jax_scatter_rows" in targets
-    assert scattered == (how == "scatter"), (entry, targets)
+    assert scattered == (how in ("scatter", "copy")), (entry, targets)
     in_gemm = {"up_proj": "sonic_jax_gathered_grouped_gemm", "dh":
                "sonic_jax_gathered_grouped_gemm", "dw1": "sonic_jax_gathered_varlen_k",
                "dw2": "sonic_jax_gathered_varlen_k"}[entry]

@@ -11,8 +11,9 @@ A comes from the bf16-rounded H, as the backward recomputes it (session 1 wrote 
 accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax.ffi.schedules.
 ``fused_gather`` lets up_proj and dh, ``wgrad_gather`` dw1 and dw2, read the x / dO rows through
 gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead of from a gathered (P, d)
-copy; by default ("auto") dh and dw2 do so where dout_in_gemm(d, n) (small n), where it makes the
-step faster (no copy of dO at all), and x is scattered (docs/ffi.md). ``fused_epilogue`` runs
+copy; by default ("auto") dh and dw2 do so where dout_in_gemm(d, n) and up_proj and dw1 where
+x_in_gemm(d, n) (small n), where it makes the step faster (no copy of dO or x at all), and the
+rows are scattered elsewhere (docs/ffi.md). ``fused_epilogue`` runs
 up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in the GEMM's epilogue (the cp.async
 GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through gather_idx itself: H and A from the
 accumulators; dH, A' and dS from dA' without its fp32 round trip through HBM; opt-in, slower on the
@@ -41,8 +42,8 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # Which entry points read their rows through gather_idx inside the GEMM: fused_gather (up_proj
 # reads x, dh reads dO) and wgrad_gather (dw1 reads x, dw2 reads dO). Taking dh and dw2 alone
 # ("dh" / "dw2") removes the scatter of dO; up_proj and dw1 the scatter of x.
-# "auto" (the default of both): the dO path (dh, dw2) in the GEMM where dout_in_gemm(d, n), x
-# scattered.
+# "auto" (the default of both): the dO path (dh, dw2) in the GEMM where dout_in_gemm(d, n), the
+# x path (up_proj, dw1) where x_in_gemm(d, n); elsewhere the rows are scattered.
 FUSED_GATHERS = ("auto", "none", "up_proj", "dh", "both")
 WGRAD_GATHERS = ("auto", "none", "dw1", "dw2", "both")
 # up_proj's SwiGLU without the in-GEMM gather: "separate" (the GEMM writes H, then
@@ -65,6 +66,21 @@ def dout_in_gemm(d: int, n: int) -> bool:
   3.120, 30B-n512 20.09 vs 20.01; H100 120B-n512 42.58 vs 41.26, 120B-n1024 37.18 vs 36.32.
   """
   return n <= 256 or (n <= 512 and d <= 1024)
+
+
+def x_in_gemm(d: int, n: int) -> bool:
+  """Whether the "auto" default has up_proj and dW1 read x through gather_idx (no scatter of x,
+  so no (P, d) copy of x in the step) for model width d and expert width n: where that made the
+  step faster or no slower in session 34's same-call kernel profiles (H100, dO path in the GEMM
+  in both; benchmarks/results/s34-h100-2026-12-07.md), n <= 256 (d unused: kept for the
+  signature of dout_in_gemm). ms, defaults of then against x in the GEMM: 7B-n256 3.956 vs
+  3.889, 1.4B-n256 3.742 vs 3.683, 30B-n256 24.006 vs 23.956 (and 4 GiB less: no (T·K, d) copy
+  of x); slower at n = 512: 1.4B-n512 3.149 vs 3.173, 30B-n512 19.81 vs 20.29, 120B-n512 40.77
+  vs 41.58 (7B-n512 3.348 vs 3.332). The scatter it removes costs more than what the gather
+  adds to up_proj's GEMM (0.509 -> 0.568 ms at 7B-n256) and to dW1's (0.490 -> 0.613).
+  """
+  del d
+  return n <= 256
 
 
 def _which(arg: str, value: bool | str, choices: tuple[str, ...]) -> str:
@@ -138,8 +154,8 @@ class FfiKernels(ExpertKernels):
 
   fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM: a
   bool, or one of FUSED_GATHERS ("up_proj" or "dh" alone; "auto", the default: dh where
-  dout_in_gemm(d, n), with wgrad_gather "auto" making dW2 do the same, so that dO is never
-  scattered there).
+  dout_in_gemm(d, n) and up_proj where x_in_gemm(d, n), with wgrad_gather "auto" making dW2 /
+  dW1 do the same, so that dO / x is never scattered there).
   fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
   kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
   an elementwise kernel: "none" (or False, the default), "dh", "up_proj" or "both" (or True).
@@ -167,10 +183,12 @@ class FfiKernels(ExpertKernels):
   wgrad_gather: dW1 and dW2 read their x / dO rows through gather_idx inside the varlen-K GEMM
   (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
   2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
-  ("dw1" or "dw2" alone; "auto", the default: dw2 where dout_in_gemm(d, n)). With
-  ``fused_gather`` no (P, d) copy of x or dO is made in a training step;
-  ``fused_gather="dh", wgrad_gather="dw2"`` makes none of dO. dW1 in the GEMM is slower than
-  scatter + CUTLASS's varlen-K GEMM inside the step (1.2-1.4x, session 22, docs/ffi.md).
+  ("dw1" or "dw2" alone; "auto", the default: dw2 where dout_in_gemm(d, n), dw1 where
+  x_in_gemm(d, n) and up_proj_epilogue is "separate"). With ``fused_gather`` no (P, d) copy of
+  x or dO is made in a training step; ``fused_gather="dh", wgrad_gather="dw2"`` makes none of
+  dO. dW1 in the GEMM is slower than CUTLASS's varlen-K GEMM over the scattered copy (H100,
+  session 34: 0.613 against 0.490 ms at 7B-n256); it pays where the scatter it saves costs
+  more, with up_proj also in the GEMM (x_in_gemm).
   up_proj_epilogue: one of UP_PROJ_EPILOGUES: "separate" (the default: CUTLASS's GEMM writes H,
   then ``swiglu_from_h`` reads it back for A) or "gemm" (one kernel, config 14
   ``TMA_AB_128x256_C1`` with the SwiGLU epilogue, over the same gathered copy of x that dW1
@@ -285,12 +303,14 @@ class FfiKernels(ExpertKernels):
       raise ValueError(f"backend='ffi' needs 1 <= plan capacity <= 2**31 - 1 (int32 group "
                        f"offsets), got {plan.capacity}")
 
-  @staticmethod
-  def _names(switch: str, entry: str, d: int, n: int) -> bool:
+  def _names(self, switch: str, entry: str, d: int, n: int) -> bool:
     """Whether a fused_gather / wgrad_gather value puts ``entry`` in the GEMM (model width d,
-    expert width n)."""
+    expert width n). "auto" leaves x scattered when up_proj_epilogue runs over the gathered
+    copy of x: dW1 then reads that copy."""
     if switch == "auto":
-      return entry in ("dh", "dw2") and dout_in_gemm(d, n)
+      if entry in ("dh", "dw2"):
+        return dout_in_gemm(d, n)
+      return self.up_proj_epilogue == "separate" and x_in_gemm(d, n)
     return switch in ("both", entry)
 
   def _gathered_gemm(self, entry, src, w, plan, kind, fused_kind, n):
