@@ -9,6 +9,9 @@
 #   run(command="PART=upfused bash scripts/device_s33.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # PART=auto (session 34's first call): on an H200 the layer benchmark (PART=bench), elsewhere
 #   upfused.
+# PART=xtests (any Hopper GPU): session 34's default (up_proj and dW1 read x through the gather
+#   index where n <= 256, backend.x_in_gemm): the ffi entry points with the defaults and with
+#   every operand scattered, and the layer forward+backward against xla.
 # PART=pingpong|pallaspp|...: as scripts/device_s32.sh.
 set -uo pipefail
 source scripts/device_env.sh
@@ -21,6 +24,11 @@ if [[ $part == auto ]]; then
   grep -q H200 "$OUT/gpu.txt" && part=bench || part=upfused
 fi
 case $part in
+xtests)
+  gpu_tests "${TEST_S:-240}" tests/test_ffi.py -k "entry_points_match_xla or \
+test_layer_forward_backward_matches_xla or scatter_rows_match or dw1_last"
+  tail -n 2 "$OUT/gpu-tests.log" | cut -c1-200
+  ;;
 upfused)
   PROF_TAG=upfused kernel_profile "${PROF_S:-420}" \
     "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n256}" "${UPFUSED_VARIANTS}" 0.05

@@ -443,7 +443,7 @@ def test_gathered_varlen_k_rejects_operands_past_32_bit_row_offsets():
 
 
 def test_ffi_kernels_wgrad_gather_switch():
-  assert FfiKernels().wgrad_gather == "auto"  # dw2 in the GEMM where n <= 256
+  assert FfiKernels().wgrad_gather == "auto"  # dw2 and dw1 in the GEMM where n <= 256
   assert FfiKernels(wgrad_gather=True) != FfiKernels()
   assert "wgrad_gather='both'" in repr(FfiKernels(wgrad_gather=True))
   assert "wgrad_gather='dw2'" in repr(FfiKernels(wgrad_gather="dw2"))
@@ -832,12 +832,18 @@ BF16_TOL, F32_TOL = 1e-2, 1e-3
 ROUTINGS = ["topk", "empty_experts", "one_expert", "token_rounding"]
 
 
+# The defaults (at N = 128 every gather in the GEMM) and every gathered operand scattered.
+_ENTRY_KERNELS = {"auto": FfiKernels(),
+                  "scatter": FfiKernels(fused_gather="none", wgrad_gather="none")}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("gathers", list(_ENTRY_KERNELS))
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_forward_entry_points_match_xla(routing, data):
+def test_forward_entry_points_match_xla(routing, gathers, data):
   plan = _plans(T, E)[routing]
   p = plan.capacity
-  ffi_k, ref = FfiKernels(), XlaKernels()
+  ffi_k, ref = _ENTRY_KERNELS[gathers], XlaKernels()
   rows = _rows(plan)
   h, a = jax.jit(ffi_k.up_proj)(data["x"], data["w1"], plan)
   h_ref, a_ref = ref.up_proj(data["x"], data["w1"], plan)
@@ -873,11 +879,12 @@ def test_combine_add_matches_xla(routing, data):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gathers", list(_ENTRY_KERNELS))
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_backward_entry_points_match_xla(routing, data):
+def test_backward_entry_points_match_xla(routing, gathers, data):
   plan = _plans(T, E)[routing]
   p = plan.capacity
-  ffi_k, ref = FfiKernels(), XlaKernels()
+  ffi_k, ref = _ENTRY_KERNELS[gathers], XlaKernels()
   rows = _rows(plan)
   s = plan.grouped_scores()
   h = data["h"][:p]
@@ -983,15 +990,18 @@ def test_scatter_rows_matches_gather_rows(routing, data):
 @pytest.mark.gpu
 @pytest.mark.parametrize("routing", ["topk", "token_rounding"])
 def test_layer_gradients_with_scatter_rows_match_gather_rows(routing):
-  """FfiKernels() (row_gather="scatter"): the same rows as row_gather="gather", so the same output
-  and gradients bit for bit; a token-rounding plan (no fixed K) keeps gather_rows."""
+  """row_gather="scatter" (the default): the same rows as row_gather="gather", so the same
+  output and gradients bit for bit; a token-rounding plan (no fixed K) keeps gather_rows. Every
+  gathered operand is copied (at n = 256 "auto" reads them in the GEMM)."""
   from tests.helpers import Problem, make_inputs, value_and_grads
   args = make_inputs(Problem(T=1024, d=512, n=256, E=12, K=4, seed=12), jnp.bfloat16)
   ct = jax.random.normal(jax.random.key(13), (1024, 512), jnp.bfloat16)
   rt = "topk" if routing == "topk" else TokenRounding(tile=64)
   run = lambda backend: value_and_grads(
       lambda *a: sonic_jax.moe(*a, top_k=4, routing=rt, backend=backend), args, ct)
-  (out, grads), (out_g, grads_g) = run(FfiKernels()), run(FfiKernels(row_gather="gather"))
+  copies = dict(fused_gather="none", wgrad_gather="none")
+  (out, grads), (out_g, grads_g) = (run(FfiKernels(**copies)),
+                                    run(FfiKernels(row_gather="gather", **copies)))
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_g, np.float32))
   for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_g):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), name)
@@ -1000,13 +1010,16 @@ def test_layer_gradients_with_scatter_rows_match_gather_rows(routing):
 @pytest.mark.gpu
 def test_layer_gradients_with_dw1_last_match_default():
   """FfiKernels(dw1_last=True) only reorders the backward (dW1 re-gathers x after dW2 and dx):
-  the same output and gradients bit for bit."""
+  the same output and gradients bit for bit. x is scattered (at n = 256 "auto" reads it in the
+  GEMM, and then there is no copy to re-gather)."""
   from tests.helpers import Problem, make_inputs, value_and_grads
   args = make_inputs(Problem(T=1024, d=512, n=256, E=12, K=4, seed=14), jnp.bfloat16)
   ct = jax.random.normal(jax.random.key(15), (1024, 512), jnp.bfloat16)
   run = lambda backend: value_and_grads(
       lambda *a: sonic_jax.moe(*a, top_k=4, backend=backend), args, ct)
-  (out, grads), (out_d, grads_d) = run(FfiKernels(dw1_last=True)), run(FfiKernels())
+  dout_only = dict(fused_gather="dh", wgrad_gather="dw2")
+  (out, grads), (out_d, grads_d) = (run(FfiKernels(dw1_last=True, **dout_only)),
+                                    run(FfiKernels(**dout_only)))
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_d, np.float32))
   for name, a, b in zip(("dx", "drouter_w", "dw1", "dw2"), grads, grads_d):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), name)
