@@ -14,7 +14,8 @@
 # PART=pptests / ppprof: the tests / the profile alone (PROF_CONFIGS, PROF_S to change it).
 # PART=pallaspp (any Hopper GPU): the Pallas ring kernels ping-pong (GemmConfig(wg_split=
 #   "pingpong"), DhConfig(pipelines=2, pipeline_ring="shared")): their GPU tests (session 33:
-#   the 150 s limit of then stopped them after 12 passes, now 300 s), then the kernel profile of the step with them against the heuristic.
+#   the 150 s limit of then stopped them after 12 passes, now 300 s), then the kernel profile
+#   of the step with them against the heuristic.
 #   run(command="PART=pallaspp bash scripts/device_s32.sh"); PART=pallasprof: the profile alone.
 # PART=next: pingpong (the layer benchmark on an H200, PART=bench, takes a call of its own).
 # PART=dhregs|ncuswiglu|swiglu|bench|...: as scripts/device_s31.sh.

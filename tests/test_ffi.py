@@ -236,7 +236,7 @@ def test_grouped_gemm_handler_rejects_gather_kinds():
 
 
 def test_ffi_kernels_fused_gather_switch():
-  # "auto": dh where backend.dout_in_gemm(d, n), up_proj where backend.x_in_gemm(d, n).
+  # "auto": dh where backend.dout_in_gemm(d, n), up_proj where backend.x_in_gemm(n).
   assert FfiKernels().fused_gather == "auto"
   assert FfiKernels(fused_gather=True) == FfiKernels(fused_gather="both")
   assert FfiKernels(fused_gather=True) != FfiKernels()
@@ -272,7 +272,7 @@ _ALL_IN_GEMM = {"up_proj": "in-GEMM", "dh": "in-GEMM", "dw1": "in-GEMM", "dw2": 
 @pytest.mark.parametrize("fused, wgrad, d, n, want, up_epi", [
     ("none", "none", 32, 16, _SCATTER_ALL, "separate"),
     # The default: the dO path in the GEMM where backend.dout_in_gemm(d, n), the x path where
-    # backend.x_in_gemm(d, n) (n <= 256).
+    # backend.x_in_gemm(n) (n <= 256).
     ("auto", "auto", 32, 16, _ALL_IN_GEMM, "separate"),
     ("auto", "auto", 2048, 256, _ALL_IN_GEMM, "separate"),
     ("auto", "auto", 1024, 264, _DOUT_IN_GEMM, "separate"),

@@ -12,7 +12,7 @@ accumulator and read it back: 2x the bytes). Tile schedules per shape: sonic_jax
 ``fused_gather`` lets up_proj and dh, ``wgrad_gather`` dw1 and dw2, read the x / dO rows through
 gather_idx inside the GEMM (cp.async producer, GitHub issue #5) instead of from a gathered (P, d)
 copy; by default ("auto") dh and dw2 do so where dout_in_gemm(d, n) and up_proj and dw1 where
-x_in_gemm(d, n) (small n), where it makes the step faster (no copy of dO or x at all), and the
+x_in_gemm(n) (small n), where it makes the step faster (no copy of dO or x at all), and the
 rows are scattered elsewhere (docs/ffi.md). ``fused_epilogue`` runs
 up_proj and / or dh as one kernel each with SwiGLU / dSwiGLU in the GEMM's epilogue (the cp.async
 GEMM of csrc/gather_gemm.cuh, reading the x / dO rows through gather_idx itself: H and A from the
@@ -43,7 +43,7 @@ FUSED_EPILOGUES = ("none", "dh", "up_proj", "both")
 # reads x, dh reads dO) and wgrad_gather (dw1 reads x, dw2 reads dO). Taking dh and dw2 alone
 # ("dh" / "dw2") removes the scatter of dO; up_proj and dw1 the scatter of x.
 # "auto" (the default of both): the dO path (dh, dw2) in the GEMM where dout_in_gemm(d, n), the
-# x path (up_proj, dw1) where x_in_gemm(d, n); elsewhere the rows are scattered.
+# x path (up_proj, dw1) where x_in_gemm(n); elsewhere the rows are scattered.
 FUSED_GATHERS = ("auto", "none", "up_proj", "dh", "both")
 WGRAD_GATHERS = ("auto", "none", "dw1", "dw2", "both")
 # up_proj's SwiGLU without the in-GEMM gather: "separate" (the GEMM writes H, then
@@ -68,18 +68,17 @@ def dout_in_gemm(d: int, n: int) -> bool:
   return n <= 256 or (n <= 512 and d <= 1024)
 
 
-def x_in_gemm(d: int, n: int) -> bool:
+def x_in_gemm(n: int) -> bool:
   """Whether the "auto" default has up_proj and dW1 read x through gather_idx (no scatter of x,
-  so no (P, d) copy of x in the step) for model width d and expert width n: where that made the
-  step faster or no slower in session 34's same-call kernel profiles (H100, dO path in the GEMM
-  in both; benchmarks/results/s34-h100-2026-12-07.md), n <= 256 (d unused: kept for the
-  signature of dout_in_gemm). ms, defaults of then against x in the GEMM: 7B-n256 3.956 vs
-  3.889, 1.4B-n256 3.742 vs 3.683, 30B-n256 24.006 vs 23.956 (and 4 GiB less: no (T·K, d) copy
-  of x); slower at n = 512: 1.4B-n512 3.149 vs 3.173, 30B-n512 19.81 vs 20.29, 120B-n512 40.77
-  vs 41.58 (7B-n512 3.348 vs 3.332). The scatter it removes costs more than what the gather
-  adds to up_proj's GEMM (0.509 -> 0.568 ms at 7B-n256) and to dW1's (0.490 -> 0.613).
+  so no (P, d) copy of x in the step) for expert width n: where that made the step faster or no
+  slower in session 34's same-call kernel profiles (H100, dO path in the GEMM in both;
+  benchmarks/results/s34-h100-2026-12-07.md), n <= 256 at every measured d. ms, defaults of then
+  against x in the GEMM: 7B-n256 3.956 vs 3.889, 1.4B-n256 3.742 vs 3.683, 30B-n256 24.006 vs
+  23.956 (and 4 GiB less: no (T·K, d) copy of x); slower at n = 512: 1.4B-n512 3.149 vs 3.173,
+  30B-n512 19.81 vs 20.29, 120B-n512 40.77 vs 41.58 (7B-n512 3.348 vs 3.332). The scatter it
+  removes costs more than what the gather adds to up_proj's GEMM (0.509 -> 0.568 ms at
+  7B-n256) and to dW1's (0.490 -> 0.613).
   """
-  del d
   return n <= 256
 
 
@@ -154,7 +153,7 @@ class FfiKernels(ExpertKernels):
 
   fused_gather: up_proj and dh read their x / dO rows through gather_idx inside the GEMM: a
   bool, or one of FUSED_GATHERS ("up_proj" or "dh" alone; "auto", the default: dh where
-  dout_in_gemm(d, n) and up_proj where x_in_gemm(d, n), with wgrad_gather "auto" making dW2 /
+  dout_in_gemm(d, n) and up_proj where x_in_gemm(n), with wgrad_gather "auto" making dW2 /
   dW1 do the same, so that dO / x is never scattered there).
   fused_epilogue: which entry points compute SwiGLU / dSwiGLU in the GEMM's epilogue (one
   kernel each: the cp.async GEMM, rows gathered in the kernel) instead of a TMA GEMM followed by
@@ -184,7 +183,7 @@ class FfiKernels(ExpertKernels):
   (``ops.gathered_varlen_k``: the gathered rows by cp.async, dH / A' by TMA multicast over a
   2-CTA cluster) instead of from scatter_rows' (P, d) copy: a bool, or one of WGRAD_GATHERS
   ("dw1" or "dw2" alone; "auto", the default: dw2 where dout_in_gemm(d, n), dw1 where
-  x_in_gemm(d, n) and up_proj_epilogue is "separate"). With ``fused_gather`` no (P, d) copy of
+  x_in_gemm(n) and up_proj_epilogue is "separate"). With ``fused_gather`` no (P, d) copy of
   x or dO is made in a training step; ``fused_gather="dh", wgrad_gather="dw2"`` makes none of
   dO. dW1 in the GEMM is slower than CUTLASS's varlen-K GEMM over the scattered copy (H100,
   session 34: 0.613 against 0.490 ms at 7B-n256); it pays where the scatter it saves costs
@@ -310,7 +309,7 @@ class FfiKernels(ExpertKernels):
     if switch == "auto":
       if entry in ("dh", "dw2"):
         return dout_in_gemm(d, n)
-      return self.up_proj_epilogue == "separate" and x_in_gemm(d, n)
+      return self.up_proj_epilogue == "separate" and x_in_gemm(n)
     return switch in ("both", entry)
 
   def _gathered_gemm(self, entry, src, w, plan, kind, fused_kind, n):

@@ -301,10 +301,10 @@ def pingpong_config(k: int, n: int, *, epilogue: Literal["none", "swiglu"] = "no
   than the heuristic on the H100, session 33) for a grouped GEMM with contraction ``k`` and
   ``n`` output columns (SwiGLU: n = the A width, two accumulators), to compare against the
   heuristic: 64-row tiles, one per consumer warpgroup, 128 accumulator registers each (64 x 256,
-  or 64 x 2·128 with SwiGLU, m64 wgmmas), block_k 32 and the deepest ring of 6, 4 or 2 stages whose double divides the k steps (the ring and
-  both epilogue tiles fit in SMEM). SwiGLU gathers x in the kernel (``gather``); the plain
-  GEMMs use the cross-tile ring. ValueError where n is not a multiple of the tile width or
-  k / 32 not of 4."""
+  or 64 x 2·128 with SwiGLU, m64 wgmmas), block_k 32 and the deepest ring of 6, 4 or 2 stages
+  whose double divides the k steps (the ring and both epilogue tiles fit in SMEM). SwiGLU
+  gathers x in the kernel (``gather``); the plain GEMMs use the cross-tile ring. ValueError
+  where n is not a multiple of the tile width or k / 32 not of 4."""
   swiglu = epilogue == "swiglu"
   bn = 128 if swiglu else 256
   k_steps = k // 32
