@@ -203,7 +203,8 @@ class FfiKernels(ExpertKernels):
   after dW2 and dx instead of sharing the forward's gathered x (XLA's CSE would keep that (P, d)
   copy alive from the forward to dW1: 4 GiB at T=32768, d=4096, K=16). Off by default: on the
   H200 it took the step from 10.54 to 6.54 GiB at that shape for 5.3 % more time (1.7 % at n =
-  1024, K = 8; docs/ffi.md).
+  1024, K = 8; docs/ffi.md). Moot where dW1 reads x through gather_idx (``wgrad_gather``, by
+  default where x_in_gemm(n)): then no copy of x exists.
   combine_add: how the dx combine takes the router's x-gradient (``moe_top_k``): "kernel" (the
   CUDA combine's fp32 sum starts from it: no add kernel) or "xla" (the combine, then XLA's add);
   the default is COMBINE_ADD_DEFAULT.
