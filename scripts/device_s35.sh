@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 35's device calls (carry the built library: sonic_jax/ffi/libsonic_jax_cuda.so).
+# PART=auto: on an H200 the layer benchmark (PART=bench of scripts/device_s32.sh, the configs
+#   that miss a target, $BENCH_CONFIGS), elsewhere sweep256.
+# PART=sweep256 (any Hopper GPU): every instantiated schedule of each grouped GEMM at the three
+#   n = 256 paper configs (session 28's schedules, the 128 x 256 tile without a cluster and
+#   ping-pong 64 x 256 among them, were swept at n = 512 and 1024 only; session 18's n = 256
+#   sweep predates them). Rows gathered beforehand, each schedule checked against the first.
+# PART=xpath (any Hopper GPU): session 34's x-path default (`ffi`) against the old one in the
+#   same interleaved kernel profile at the n = 256 configs.
+# PART=bench|upfused|xtests|...: as scripts/device_s33.sh.
+#   run(command="PART=auto bash scripts/device_s35.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s35_out}
+begin_call
+for part in ${PART//,/ }; do
+if [[ $part == auto ]]; then
+  grep -q H200 "$OUT/gpu.txt" && part=bench || part=sweep256
+fi
+case $part in
+sweep256)
+  for cfg in ${SWEEP_CONFIGS:-24576,1536,256,128,8 40960,768,256,128,8 32768,4096,256,256,16}; do
+    ffi_sweep "${SWEEP_S:-150}" "sweep-${cfg//,/_}" "^config| ms |MEASURED" \
+      --gemms-only --configs "$cfg"
+  done
+  ;;
+xpath)
+  PROF_TAG=xpath kernel_profile "${PROF_S:-420}" \
+    "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n256,paper-30B-n256}" \
+    "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
+  grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-xpath.log" | cut -c1-150 | head -n 90
+  ;;
+*)
+  OUT=$OUT PART=$part bash scripts/device_s33.sh | grep -v "^== \[.*\] done"
+  ;;
+esac
+done
+echo "== [$(since) s] done"
