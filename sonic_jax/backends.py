@@ -19,23 +19,26 @@ from sonic_jax.kernels import ExpertKernels
 BACKENDS = ("xla", "pallas", "ffi")
 # Fastest first where the shape is not known (``resolve_backend("auto")``).
 AUTO_ORDER = ("pallas", "ffi", "xla")
-# Where the shape is known, ffi goes first at n >= FFI_FIRST_MIN_N and d >= FFI_FIRST_MIN_D.
-# Whole-layer forward+backward on the H200, f+b TFLOP/s ffi / pallas (README table,
-# benchmarks/results/bench-h200-2026-12-05-merged.md). ffi first: 7B-n512 454 / 437, 7B-n1024
-# 498 / 482, 30B-n512 524 / 508, 30B-n1024 596 / 566, 120B-n512 510 / 505, 120B-n1024 574 / 548,
-# 120B-n2048 597 / 596, DeepSeek-V3-like 495 / 491, Mixtral-8x7B 633 / 603; against it (within
-# the 2-5 % spread between device calls) OLMoE-1B-7B 567 / 569 and Qwen3-30B-A3B 505 / 509.
-# pallas first: 1.4B-n256 344 / 356, 1.4B-n512 397 / 397, 1.4B-n1024 428 / 436, 7B-n256
-# 382 / 384, 30B-n256 441 / 464. ffi's step takes more memory (e.g. 8.00 against 6.50 GiB at
-# 120B-n1024, 7.75 against 4.88 at Mixtral): pass backend="pallas" to keep the smaller one.
+# Where the shape is known, ffi goes first at n >= FFI_FIRST_MIN_N, pallas below. Whole-layer
+# forward+backward on the H200, ms ffi / pallas, both backends in the same device calls (session 35,
+# benchmarks/results/bench-h200-2026-12-07-merged.md):
+# - ffi faster: 7B-n512 3.103 / 3.193, 7B-n1024 2.843 / 2.913, 30B-n512 19.218 / 20.166,
+#   120B-n1024 35.082 / 37.037, 120B-n2048 33.134 / 36.113, OLMoE-1B-7B 8.808 / 9.012,
+#   Qwen3-30B-A3B 7.268 / 7.517, DeepSeek-V3-like 68.077 / 73.838, Mixtral-8x7B 55.243 / 59.043.
+# - pallas faster: 1.4B-n256 3.312 / 3.235, 30B-n256 23.371 / 22.395.
+# - Within the 2-5 % spread between device calls: 7B-n256 3.584 / 3.596; 30B-n1024 17.663 / 17.698
+#   (18.223 / 17.666 in the other call) and 120B-n512 40.142 / 39.812 (39.642 / 40.639); at d = 768
+#   1.4B-n512 2.861 / 2.922 and 1.4B-n1024 2.702 / 2.676. Until session 35 the rule also asked
+#   for d >= 1536, from sessions 14-22's rows where pallas led at the 1.4B configs by up to 2 %.
+# ffi's step takes more memory where n > 256 (e.g. 8.00 against 6.50 GiB at 120B-n1024, 7.75
+# against 4.88 at Mixtral-8x7B): pass backend="pallas" to keep the smaller one.
 FFI_FIRST_MIN_N = 512
-FFI_FIRST_MIN_D = 1536
 
 
 def auto_order(d: int | None = None, n: int | None = None) -> tuple[str, ...]:
   """The backends ``backend="auto"`` tries, fastest first, for model width d and expert width n
-  (``AUTO_ORDER`` where either is unknown)."""
-  if d is not None and n is not None and n >= FFI_FIRST_MIN_N and d >= FFI_FIRST_MIN_D:
+  (``AUTO_ORDER`` where either is unknown; the rule itself reads n only)."""
+  if d is not None and n is not None and n >= FFI_FIRST_MIN_N:
     return ("ffi", "pallas", "xla")
   return AUTO_ORDER
 
@@ -150,6 +153,6 @@ def available_backends() -> list[str]:
   return [name for name in BACKENDS if _available(name) is not None]
 
 
-__all__ = ["BACKENDS", "AUTO_ORDER", "FFI_FIRST_MIN_D", "FFI_FIRST_MIN_N",
+__all__ = ["BACKENDS", "AUTO_ORDER", "FFI_FIRST_MIN_N",
            "BackendUnavailableError", "auto_order", "available_backends", "resolve_backend",
            "select_backend"]

@@ -57,8 +57,8 @@ def fake_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("d, n, first", [
-    (768, 256, "pallas"), (768, 1024, "pallas"), (1536, 256, "pallas"), (1536, 512, "ffi"),
-    (4096, 256, "pallas"), (4096, 512, "ffi"), (7168, 2048, "ffi"), (1535, 4096, "pallas"),
+    (768, 256, "pallas"), (768, 1024, "ffi"), (1536, 256, "pallas"), (1536, 512, "ffi"),
+    (4096, 256, "pallas"), (4096, 512, "ffi"), (7168, 2048, "ffi"), (64, 4096, "ffi"),
     (4096, 511, "pallas"), (None, 1024, "pallas"), (4096, None, "pallas")])
 def test_auto_order_rule(d, n, first):
   order = sonic_jax.auto_order(d, n)
