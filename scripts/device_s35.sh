@@ -8,6 +8,10 @@
 #   sweep predates them). Rows gathered beforehand, each schedule checked against the first.
 # PART=xpath (any Hopper GPU): session 34's x-path default (`ffi`) against the old one in the
 #   same interleaved kernel profile at the n = 256 configs.
+# PART=power (any Hopper GPU): benchmarks/power_trace.py (power, clocks and throttle reasons under
+#   a sustained step; its kernels cold and hot) at $POWER_RUNS (config/variant pairs): session
+#   35's long configs ran 1-9 % slower than earlier sessions' for both backends, and ffi's
+#   down_proj at paper-30B-n256 took 3.03 ms in the step against 2.44 ms alone.
 # PART=bench|upfused|xtests|...: as scripts/device_s33.sh.
 #   run(command="PART=auto bash scripts/device_s35.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
@@ -30,6 +34,16 @@ xpath)
     "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n256,paper-30B-n256}" \
     "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
   grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-xpath.log" | cut -c1-150 | head -n 90
+  ;;
+power)
+  for run in ${POWER_RUNS:-paper-30B-n256/ffi paper-30B-n256/pallas paper-7B-n256/ffi}; do
+    cfg=${run%%/*} variant=${run#*/}
+    echo "== [$(since) s] power trace $cfg $variant"
+    timeout "${POWER_S:-110}" $PY benchmarks/power_trace.py --config "$cfg" --variant "$variant" \
+      --seconds "${POWER_LOAD_S:-15}" --out-dir "$OUT/power-$cfg-$variant" \
+      > "$OUT/power-$cfg-$variant.log" 2>&1
+    grep -vE "^\s*$" "$OUT/power-$cfg-$variant.log" | grep -vE "Warning|warn\(" | cut -c1-150 | tail -n 40
+  done
   ;;
 *)
   OUT=$OUT PART=$part bash scripts/device_s33.sh | grep -v "^== \[.*\] done"

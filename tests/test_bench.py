@@ -750,3 +750,38 @@ def test_bench_layer_for_reads_ffi_schedules_apart_from_route_paths(path, monkey
       "VARLEN_M_NN_BF16": "COOPERATIVE_128x256_C2x1", "VARLEN_K_BF16": "TMA_AB_128x256_C1"}
   with pytest.raises(SystemExit, match="route paths"):
     variants.layer_for(spec + "@cached", 16, 8, 2)
+
+
+def test_power_trace_parses_smi_samples_and_summarizes_windows():
+  """benchmarks/power_trace.py: nvidia-smi CSV rows become samples (header and cut-off lines
+  skipped, '[N/A]' as NaN), and each window reports median power / clocks and every throttle
+  reason seen in it."""
+  import importlib.util
+  import math
+  from datetime import datetime
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "power_trace.py")
+  spec = importlib.util.spec_from_file_location("power_trace", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  lines = [
+      "timestamp, power.draw [W], power.limit [W], clocks.current.sm [MHz], "
+      "clocks.current.memory [MHz], temperature.gpu, clocks_event_reasons.active",
+      "2026/12/07 18:00:00.000, 120.50 W, 700.00 W, 1980 MHz, 3201 MHz, 40, 0x0000000000000001",
+      "2026/12/07 18:00:00.500, 690.00 W, 700.00 W, 1755 MHz, 3201 MHz, 52, 0x0000000000000004",
+      "2026/12/07 18:00:00.900, 700.00 W, 700.00 W, 1650 MHz, 3201 MHz, 53, 0x0000000000000000",
+      "2026/12/07 18:00:01.200, [N/A], 700.00 W, 1700 MHz, 3201 MHz, 54, 0x0000000000000024",
+      "2026/12/07 18:00:01.4",  # cut off by the kill
+  ]
+  rows = mod.parse_smi_csv(lines)
+  assert len(rows) == 4
+  t0 = datetime(2026, 12, 7, 18, 0, 0).timestamp()
+  assert rows[0]["t"] == pytest.approx(t0) and rows[3]["t"] == pytest.approx(t0 + 1.2)
+  assert (rows[1]["power_w"], rows[1]["sm_mhz"], rows[1]["reasons"]) == (690.0, 1755.0, 4)
+  assert math.isnan(rows[3]["power_w"])
+  wins = mod.summarize(rows, t0 + 0.4, t0 + 1.5)
+  assert len(wins) == 1  # the window [1.4, 1.5) s holds no sample
+  first = wins[0]
+  assert (first["t"], first["samples"], first["sm_mhz"]) == (0.0, 3, 1700.0)
+  assert first["power_w"] == 695.0  # the N/A sample left out of the median
+  assert first["reasons"] == ["sw-power-cap", "sw-thermal"]
+  assert mod.reason_names(0) == ["none"] and mod.reason_names(0x1) == ["idle"]
