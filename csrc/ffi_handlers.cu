@@ -668,7 +668,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SonicCombineAdd, CombineAddImpl,
 // Plain C entry points for the Python loader (ctypes).
 extern "C" {
 
-__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 14; }
+__attribute__((visibility("default"))) int sonic_jax_abi_version() { return 15; }
 
 // Workspace bytes the SonicGroupedGemm target needs for `kind`, `config` and `num_groups` on the
 // current device (CUTLASS sizes its TMA-descriptor workspace by the SM count); -1 for an unknown

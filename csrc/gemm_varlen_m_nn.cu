@@ -30,6 +30,8 @@ static bool dispatch_nn(bool f32_out, int config, Fn fn) {
       case 11: fn(NN<Bf16, Cooperative128x256C1x1>{}); return true;
       case 12: fn(NN<Bf16, Pingpong64x256C2x1>{}); return true;
       case 14: fn(TmaNN<TmaAB128x256C1>{}); return true;
+      case 18: fn(NN<Bf16, Pingpong128x128C1x1>{}); return true;
+      case 19: fn(NN<Bf16, Pingpong64x256C1x1>{}); return true;
       default: return false;
     }
   }

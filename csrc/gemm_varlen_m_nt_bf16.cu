@@ -25,6 +25,8 @@ static bool dispatch_nt_bf16(int config, Fn fn) {
     case 11: fn(NTbf16<Cooperative128x256C1x1>{}); return true;
     case 12: fn(NTbf16<Pingpong64x256C2x1>{}); return true;
     case 14: fn(TmaNT<TmaAB128x256C1>{}); return true;
+    case 18: fn(NTbf16<Pingpong128x128C1x1>{}); return true;
+    case 19: fn(NTbf16<Pingpong64x256C1x1>{}); return true;
     default: return false;
   }
 }

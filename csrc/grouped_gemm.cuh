@@ -47,6 +47,13 @@ using Cooperative128x256C1x2 = TileConfig<128, 256, 1, 2, false>;
 using Cooperative128x256C2x2 = TileConfig<128, 256, 2, 2, false>;
 using Cooperative128x256C1x1 = TileConfig<128, 256, 1, 1, false>;
 using Pingpong64x256C2x1 = TileConfig<64, 256, 2, 1, true>;
+// Session 35 (varlen-M bf16 kinds, for the sweep): the two ping-pong tiles without a cluster.
+// Without one the 128 x 256 cooperative tile won at every shape swept since session 28 (all 132
+// SMs take tiles, and no expert's M blocks are rounded up to even); ping-pong was only ever timed
+// over a 2 x 1 cluster. down_proj (K = n = 256: four K blocks per tile) runs at 0.66-0.71x a
+// dense matmul of its shape on the H200, its cooperative epilogue exposed after each tile.
+using Pingpong128x128C1x1 = TileConfig<128, 128, 1, 1, true>;
+using Pingpong64x256C1x1 = TileConfig<64, 256, 1, 1, true>;
 
 // LayoutA / LayoutB in CUTLASS 2.x terms: A is (M, K), B is (K, N); D is always row-major.
 template <class LayoutA, class LayoutB, class ElementD, class Config>

@@ -34,7 +34,7 @@ enum class GemmKind : int {
 };
 
 // Tile schedule of a grouped GEMM (csrc/grouped_gemm.cuh). Not every kind instantiates every
-// config: varlen-M bf16 kinds have 0-2, 10-12 and 14, kVarlenMNTF32 has 0-2 and 11,
+// config: varlen-M bf16 kinds have 0-2, 10-12, 14, 18 and 19, kVarlenMNTF32 has 0-2 and 11,
 // kVarlenMNNF32 has 0, varlen-K has 0 and 3 (both outputs) and 1, 10, 11, 14 (bf16), the gather
 // kinds have 4, 5, 7 (cp.async producer, no cluster), 6 (B_e by TMA over a 2x1 cluster), 13
 // (B_e by TMA, no cluster) and the ping-pong 15 and 16, the SwiGLU kind also 14 and 17, the
@@ -62,7 +62,11 @@ enum class GemmConfig : int {
   kGatherPingpong64x256C2x1 = 15,
   kGatherPingpong64x256C1 = 16,
   kTmaABPingpong64x256C1 = 17,
-  kNumConfigs = 18,
+  // Varlen-M bf16 (session 35): CUTLASS's ping-pong without a cluster, on 128 x 128 and 64 x 256
+  // tiles (the cooperative tile beat its 2 x 1 cluster form at every shape swept since session 28).
+  kPingpong128x128C1x1 = 18,
+  kPingpong64x256C1x1 = 19,
+  kNumConfigs = 20,
 };
 
 // Operands of one grouped GEMM; all pointers are device pointers.

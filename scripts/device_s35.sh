@@ -8,6 +8,9 @@
 #   sweep predates them). Rows gathered beforehand, each schedule checked against the first.
 # PART=xpath (any Hopper GPU): session 34's x-path default (`ffi`) against the old one in the
 #   same interleaved kernel profile at the n = 256 configs.
+# PART=ppc1 (any Hopper GPU; rebuild the library first, ABI 15): GemmConfig 18 / 19 (CUTLASS's
+#   ping-pong without a cluster, bf16 varlen-M kinds) against xla (every routing case), then
+#   sweep256 at the two short n = 256 configs, where down_proj is 0.66-0.68x dense.
 # PART=power (any Hopper GPU): benchmarks/power_trace.py (power, clocks and throttle reasons under
 #   a sustained step; its kernels cold and hot) at $POWER_RUNS (config/variant pairs): session
 #   35's long configs ran 1-9 % slower than earlier sessions' for both backends, and ffi's
@@ -34,6 +37,11 @@ xpath)
     "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n256,paper-30B-n256}" \
     "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
   grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-xpath.log" | cut -c1-150 | head -n 90
+  ;;
+ppc1)
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "every_gemm_schedule and Pingpong and C1x1"
+  SWEEP_CONFIGS=${SWEEP_CONFIGS:-"24576,1536,256,128,8 40960,768,256,128,8"} OUT=$OUT \
+    PART=sweep256 bash "$0" | grep -v "^== \[.*\] done" | grep -v ", MHz\|^NVIDIA"
   ;;
 power)
   for run in ${POWER_RUNS:-paper-30B-n256/ffi paper-30B-n256/pallas paper-7B-n256/ffi}; do

@@ -163,7 +163,9 @@ def test_gemm_configs_match_the_header_and_the_instantiations():
       "TmaAB128x256C1": GemmConfig.TMA_AB_128x256_C1,
       "GatherPingpong64x256C2x1": GemmConfig.GATHER_PINGPONG_64x256_C2x1,
       "GatherPingpong64x256C1": GemmConfig.GATHER_PINGPONG_64x256_C1,
-      "TmaABPingpong64x256C1": GemmConfig.TMA_AB_PINGPONG_64x256_C1}
+      "TmaABPingpong64x256C1": GemmConfig.TMA_AB_PINGPONG_64x256_C1,
+      "Pingpong128x128C1x1": GemmConfig.PINGPONG_128x128_C1x1,
+      "Pingpong64x256C1x1": GemmConfig.PINGPONG_64x256_C1x1}
   assert re.search(r"kNumConfigs = (\d+)", text).group(1) == str(len(GemmConfig))
   # Each TU's dispatch switch lists exactly the configs schedules.INSTANTIATED promises.
   names = {c.value: c.name.replace("_", "").lower() for c in GemmConfig}

@@ -27,7 +27,7 @@ TARGETS = {
     "sonic_jax_combine_unweighted": "SonicCombineUnweighted",
     "sonic_jax_combine_add": "SonicCombineAdd",
 }
-ABI_VERSION = 14
+ABI_VERSION = 15  # 15: GemmConfig 18 and 19 (session 35)
 
 
 def _search_dirs() -> list[pathlib.Path]:

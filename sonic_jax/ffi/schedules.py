@@ -95,6 +95,13 @@ class GemmConfig(enum.IntEnum):
   GATHER_PINGPONG_64x256_C2x1 = 15
   GATHER_PINGPONG_64x256_C1 = 16
   TMA_AB_PINGPONG_64x256_C1 = 17
+  # Session 35 (varlen-M bf16 kinds, for the sweep; compiled, not yet run on a GPU): CUTLASS's
+  # ping-pong without a cluster. The cooperative 128 x 256 tile beat its 2 x 1 cluster form at
+  # every shape swept since session 28, and ping-pong was only timed over that cluster (12, 0);
+  # down_proj at n = 256 (four K blocks per tile) is the GEMM furthest from dense (0.66-0.71x on
+  # the H200), its epilogue exposed after each cooperative tile.
+  PINGPONG_128x128_C1x1 = 18
+  PINGPONG_64x256_C1x1 = 19
 
 
 _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C2x1,
@@ -102,7 +109,9 @@ _M_CONFIGS = (GemmConfig.PINGPONG_128x128_C2x1, GemmConfig.COOPERATIVE_128x256_C
 _M_BF16_CONFIGS = _M_CONFIGS + (GemmConfig.COOPERATIVE_128x256_C2x2,
                                 GemmConfig.COOPERATIVE_128x256_C1x1,
                                 GemmConfig.PINGPONG_64x256_C2x1,
-                                GemmConfig.TMA_AB_128x256_C1)
+                                GemmConfig.TMA_AB_128x256_C1,
+                                GemmConfig.PINGPONG_128x128_C1x1,
+                                GemmConfig.PINGPONG_64x256_C1x1)
 
 _GATHER_CONFIGS = (GemmConfig.GATHER_COOP_128x128, GemmConfig.GATHER_COOP_128x256,
                    GemmConfig.GATHER_TMA_B_128x256_C2x1, GemmConfig.GATHER_NOINC_128x256,
