@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 35's device calls (carry the built library: sonic_jax/ffi/libsonic_jax_cuda.so).
+# Session 35's device calls (carry the built library, ABI 15 since 2465539:
+# sonic_jax/ffi/libsonic_jax_cuda.so).
 # PART=auto: on an H200 the layer benchmark (PART=bench of scripts/device_s32.sh, the configs
 #   that miss a target, $BENCH_CONFIGS), elsewhere sweep256.
 # PART=sweep256 (any Hopper GPU): every instantiated schedule of each grouped GEMM at the three
@@ -16,7 +17,8 @@
 #   35's long configs ran 1-9 % slower than earlier sessions' for both backends, and ffi's
 #   down_proj at paper-30B-n256 took 3.03 ms in the step against 2.44 ms alone.
 # PART=bench|upfused|xtests|...: as scripts/device_s33.sh.
-#   run(command="PART=auto bash scripts/device_s35.sh", carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+#   run(command="PART=auto bash scripts/device_s35.sh",
+#       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s35_out}
@@ -50,7 +52,7 @@ power)
     timeout "${POWER_S:-110}" $PY benchmarks/power_trace.py --config "$cfg" --variant "$variant" \
       --seconds "${POWER_LOAD_S:-15}" --out-dir "$OUT/power-$cfg-$variant" \
       > "$OUT/power-$cfg-$variant.log" 2>&1
-    grep -vE "^\s*$" "$OUT/power-$cfg-$variant.log" | grep -vE "Warning|warn\(" | cut -c1-150 | tail -n 40
+    grep -vE "^\s*$|Warning|warn\(" "$OUT/power-$cfg-$variant.log" | cut -c1-150 | tail -n 40
   done
   ;;
 *)
