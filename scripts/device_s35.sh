@@ -12,6 +12,11 @@
 # PART=ppc1 (any Hopper GPU; rebuild the library first, ABI 15): GemmConfig 18 / 19 (CUTLASS's
 #   ping-pong without a cluster, bf16 varlen-M kinds) against xla (every routing case), then
 #   sweep256 at the two short n = 256 configs, where down_proj is 0.66-0.68x dense.
+# PART=dout512 (any Hopper GPU): dh and dW2 reading dO through gather_idx at n = 512, d >= 1536
+#   (dout_in_gemm says no there since session 22) against the default, interleaved profile. From
+#   session 34's H100 per-kernel medians (both paths in the GEMM vs both scattered), the dO path
+#   alone would be 1.1-1.6 % faster at 7B-n512, 30B-n512 and 120B-n512, and the step would lose
+#   its (T·K, d) copy of dO (4 GiB at 120B-n512).
 # PART=power (any Hopper GPU): benchmarks/power_trace.py (power, clocks and throttle reasons under
 #   a sustained step; its kernels cold and hot) at $POWER_RUNS (config/variant pairs): session
 #   35's long configs ran 1-9 % slower than earlier sessions' for both backends, and ffi's
@@ -44,6 +49,12 @@ ppc1)
   gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "every_gemm_schedule and Pingpong and C1x1"
   SWEEP_CONFIGS=${SWEEP_CONFIGS:-"24576,1536,256,128,8 40960,768,256,128,8"} OUT=$OUT \
     PART=sweep256 bash "$0" | grep -v "^== \[.*\] done" | grep -v ", MHz\|^NVIDIA"
+  ;;
+dout512)
+  PROF_TAG=dout512 kernel_profile "${PROF_S:-400}" \
+    "${PROF_CONFIGS:-paper-7B-n512,paper-30B-n512,paper-120B-n512}" \
+    "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
+  grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-dout512.log" | cut -c1-150 | head -n 90
   ;;
 power)
   for run in ${POWER_RUNS:-paper-30B-n256/ffi paper-30B-n256/pallas paper-7B-n256/ffi}; do
