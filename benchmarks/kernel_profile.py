@@ -33,20 +33,6 @@ def _short(name: str, width: int = 48) -> str:
   return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def _kernel_medians(timings: list[list[tuple[str, float]]]):
-  """Per-iteration CUPTI kernel lists -> (names, per-kernel medians, median total, iterations
-  used). An iteration can launch a few more or fewer kernels than the others (e.g. a memset),
-  which would shift every later index: only the iterations with the most common kernel-name
-  sequence are compared index by index. The total is the median of the per-iteration sums of
-  all iterations."""
-  seqs = [tuple(nm for nm, _ in it) for it in timings]
-  usual = max(set(seqs), key=seqs.count)
-  same = [it for it, sq in zip(timings, seqs) if sq == usual]
-  med = [statistics.median(it[i][1] for it in same) for i in range(len(usual))]
-  total = statistics.median(sum(t for _, t in it) for it in timings)
-  return list(usual), med, total, len(same)
-
-
 def _drift(ref_rows: list[tuple[str, float]], rows: list[tuple[str, float]],
            min_ms: float) -> tuple[float, int]:
   """How much slower ``rows`` ran than ``ref_rows`` overall: the median of t / t_ref over the
@@ -80,6 +66,7 @@ def main(argv=None) -> int:
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
   from sonic_jax.bench.runner import fwdbwd_step, rel_errs
+  from sonic_jax.bench.timing import kernel_medians
   from sonic_jax.bench.variants import layer_for
 
   if jax.devices()[0].platform != "gpu":
@@ -131,7 +118,7 @@ def main(argv=None) -> int:
         round_totals[spec].append(statistics.median(sum(t for _, t in it) for it in timings))
     per_variant = {}
     for spec, timings in samples.items():
-      names, med, total, kept = _kernel_medians(timings)
+      names, med, total, kept = kernel_medians(timings)
       per_variant[spec] = list(zip(names, med))
       errs = errs_of[spec]
       first = next(iter(per_variant.values()))

@@ -115,6 +115,7 @@ def main(argv=None) -> int:
   from sonic_jax.bench.configs import parse_configs
   from sonic_jax.bench.problems import make_problem
   from sonic_jax.bench.runner import fwdbwd_step
+  from sonic_jax.bench.timing import kernel_medians
   from sonic_jax.bench.variants import layer_for
 
   if jax.devices()[0].platform != "gpu":
@@ -127,10 +128,8 @@ def main(argv=None) -> int:
 
   def kernels(iters: int) -> list[tuple[str, float]]:
     _, timings = profiler.measure(fn, aggregate=False, iterations=iters)(*prob.args, prob.dout)
-    timings = timings if iters > 1 else [timings]
-    n = len(timings[0])
-    same = [it for it in timings if [k for k, _ in it] == [k for k, _ in timings[0]]]
-    return [(timings[0][i][0], statistics.median(it[i][1] for it in same)) for i in range(n)]
+    names, med, _, _ = kernel_medians(timings if iters > 1 else [timings])
+    return list(zip(names, med))
 
   smi_path = os.path.join(args.out_dir, "smi.csv")
   with open(smi_path, "w") as smi_out:

@@ -584,16 +584,13 @@ def test_rel_errs_flags_non_finite_on_either_side():
 
 
 def test_kernel_profile_medians_skip_shifted_iterations():
-  """benchmarks/kernel_profile.py: an iteration with an extra kernel (which would shift every
-  later index) is left out of the per-kernel medians but counts in the median total."""
-  import importlib.util
-  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "kernel_profile.py")
-  spec = importlib.util.spec_from_file_location("kernel_profile", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  """timing.kernel_medians (benchmarks/kernel_profile.py, power_trace.py): an iteration with an
+  extra kernel (which would shift every later index) is left out of the per-kernel medians but
+  counts in the median total."""
+  from sonic_jax.bench.timing import kernel_medians
   usual = [("up", 7.0), ("gather", 1.5), ("dh", 5.0)]
   shifted = [("memset", 0.1), ("up", 7.2), ("gather", 1.4), ("dh", 5.1)]
-  names, med, total, kept = mod._kernel_medians([usual, shifted, usual, usual])
+  names, med, total, kept = kernel_medians([usual, shifted, usual, usual])
   assert names == ["up", "gather", "dh"] and kept == 3
   assert med == [7.0, 1.5, 5.0]
   assert total == pytest.approx(13.5)
@@ -603,11 +600,7 @@ def test_kernel_profile_drift_is_the_median_ratio_of_matching_kernels():
   """benchmarks/kernel_profile.py's drift against the first variant: the median t / t_ref over
   kernels with the same launch index and name from min_ms up, robust to the kernel a variant
   changes; (nan, 0) when nothing matches."""
-  import importlib.util
-  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "kernel_profile.py")
-  spec = importlib.util.spec_from_file_location("kernel_profile", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  mod = _load_benchmark("kernel_profile")
   ref = [("up", 7.0), ("tiny", 0.01), ("down", 3.0), ("dh", 4.0), ("dw", 3.5)]
   # Everything 5 % slower, dh 20 % faster: the drift is the unchanged kernels' 1.05.
   var = [("up", 7.35), ("tiny", 0.5), ("down", 3.15), ("dh", 3.2), ("dw", 3.675)]
@@ -756,13 +749,9 @@ def test_power_trace_parses_smi_samples_and_summarizes_windows():
   """benchmarks/power_trace.py: nvidia-smi CSV rows become samples (header and cut-off lines
   skipped, '[N/A]' as NaN), and each window reports median power / clocks and every throttle
   reason seen in it."""
-  import importlib.util
   import math
   from datetime import datetime
-  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "power_trace.py")
-  spec = importlib.util.spec_from_file_location("power_trace", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  mod = _load_benchmark("power_trace")
   lines = [
       "timestamp, power.draw [W], power.limit [W], clocks.current.sm [MHz], "
       "clocks.current.memory [MHz], temperature.gpu, clocks_event_reasons.active",

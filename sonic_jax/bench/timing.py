@@ -172,6 +172,20 @@ def time_thunk(thunk: Callable[[], Any], *, warmup: int = 1, iters: int) -> Timi
   return Timing(med, "wall", samples, med)
 
 
+def kernel_medians(timings: list[list[tuple[str, float]]]):
+  """Per-iteration CUPTI kernel lists -> (names, per-kernel medians, median total, iterations
+  used). An iteration can launch a few more or fewer kernels than the others (e.g. a memset),
+  which would shift every later index: only the iterations with the most common kernel-name
+  sequence are compared index by index. The total is the median of the per-iteration sums of
+  all iterations."""
+  seqs = [tuple(nm for nm, _ in it) for it in timings]
+  usual = max(set(seqs), key=seqs.count)
+  same = [it for it, sq in zip(timings, seqs) if sq == usual]
+  med = [statistics.median(it[i][1] for it in same) for i in range(len(usual))]
+  total = statistics.median(sum(t for _, t in it) for it in timings)
+  return list(usual), med, total, len(same)
+
+
 def memory_stats() -> dict | None:
   try:
     stats = jax.devices()[0].memory_stats()
