@@ -28,6 +28,14 @@ set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s35_out}
 begin_call
+# dout_only_profile TAG SECONDS CONFIGS: the interleaved kernel profile of the defaults (`ffi`)
+# against dh and dW2 alone reading dO through gather_idx (the x path scattered) at
+# ${PROF_CONFIGS:-CONFIGS}; log in $OUT/profile-TAG.log.
+dout_only_profile() {
+  PROF_TAG=$1 kernel_profile "$2" "${PROF_CONFIGS:-$3}" \
+    "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
+  grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-$1.log" | cut -c1-150 | head -n 90
+}
 for part in ${PART//,/ }; do
 if [[ $part == auto ]]; then
   grep -q H200 "$OUT/gpu.txt" && part=bench || part=sweep256
@@ -40,10 +48,7 @@ sweep256)
   done
   ;;
 xpath)
-  PROF_TAG=xpath kernel_profile "${PROF_S:-420}" \
-    "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n256,paper-30B-n256}" \
-    "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
-  grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-xpath.log" | cut -c1-150 | head -n 90
+  dout_only_profile xpath "${PROF_S:-420}" paper-7B-n256,paper-1.4B-n256,paper-30B-n256
   ;;
 ppc1)
   gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "every_gemm_schedule and Pingpong and C1x1"
@@ -51,10 +56,7 @@ ppc1)
     PART=sweep256 bash "$0" | grep -v "^== \[.*\] done" | grep -v ", MHz\|^NVIDIA"
   ;;
 dout512)
-  PROF_TAG=dout512 kernel_profile "${PROF_S:-400}" \
-    "${PROF_CONFIGS:-paper-7B-n512,paper-30B-n512,paper-120B-n512}" \
-    "ffi,ffi:fused-gather=dh:wgrad-gather=dw2" 0.05
-  grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-dout512.log" | cut -c1-150 | head -n 90
+  dout_only_profile dout512 "${PROF_S:-400}" paper-7B-n512,paper-30B-n512,paper-120B-n512
   ;;
 power)
   for run in ${POWER_RUNS:-paper-30B-n256/ffi paper-30B-n256/pallas paper-7B-n256/ffi}; do
