@@ -11,7 +11,9 @@
 #   same interleaved kernel profile at the n = 256 configs.
 # PART=ppc1 (any Hopper GPU; rebuild the library first, ABI 15): GemmConfig 18 / 19 (CUTLASS's
 #   ping-pong without a cluster, bf16 varlen-M kinds) against xla (every routing case), then
-#   sweep256 at the two short n = 256 configs, where down_proj is 0.66-0.68x dense.
+#   those two schedules against each kind's default (--only-schedules) at the n = 256 configs,
+#   where down_proj is 0.66-0.68x dense, and at 120B-n512 and 7B-n512 (down_proj's reduction is
+#   K = n there too: a short mainloop, the epilogue exposed).
 # PART=dout512 (any Hopper GPU): dh and dW2 reading dO through gather_idx at n = 512, d >= 1536
 #   (dout_in_gemm says no there since session 22) against the default, interleaved profile. From
 #   session 34's H100 per-kernel medians (both paths in the GEMM vs both scattered), the dO path
@@ -52,8 +54,10 @@ xpath)
   ;;
 ppc1)
   gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "every_gemm_schedule and Pingpong and C1x1"
-  SWEEP_CONFIGS=${SWEEP_CONFIGS:-"24576,1536,256,128,8 40960,768,256,128,8"} OUT=$OUT \
-    PART=sweep256 bash "$0" | grep -v "^== \[.*\] done" | grep -v ", MHz\|^NVIDIA"
+  for cfg in ${SWEEP_CONFIGS:-24576,1536,256,128,8 40960,768,256,128,8 32768,4096,256,256,16 32768,4096,512,256,16 24576,1536,512,64,4}; do
+    ffi_sweep "${SWEEP_S:-100}" "ppc1-${cfg//,/_}" "^config| ms |MEASURED" \
+      --gemms-only --only-schedules PINGPONG_128x128_C1x1 PINGPONG_64x256_C1x1 --configs "$cfg"
+  done
   ;;
 dout512)
   dout_only_profile dout512 "${PROF_S:-400}" paper-7B-n512,paper-30B-n512,paper-120B-n512
