@@ -14,6 +14,10 @@
 #   those two schedules against each kind's default (--only-schedules) at the n = 256 configs,
 #   where down_proj is 0.66-0.68x dense, and at 120B-n512 and 7B-n512 (down_proj's reduction is
 #   K = n there too: a short mainloop, the epilogue exposed).
+# PART=mix (any Hopper GPU): the pallas forward with the ffi backward (MixedKernels), and ffi with
+#   pallas' up_proj (SwiGLU in its epilogue, x read in the kernel), against both backends in one
+#   interleaved profile: session 35's H200 layer rows have pallas' forward faster and ffi's
+#   backward faster at 7B-n256 (391 / 385 against 361 / 403 TFLOP/s), 1.4B-n256 and 120B-n512.
 # PART=dout512 (any Hopper GPU): dh and dW2 reading dO through gather_idx at n = 512, d >= 1536
 #   (dout_in_gemm says no there since session 22) against the default, interleaved profile. From
 #   session 34's H100 per-kernel medians (both paths in the GEMM vs both scattered), the dO path
@@ -58,6 +62,12 @@ ppc1)
     ffi_sweep "${SWEEP_S:-100}" "ppc1-${cfg//,/_}" "^config| ms |MEASURED" \
       --gemms-only --only-schedules PINGPONG_128x128_C1x1 PINGPONG_64x256_C1x1 --configs "$cfg"
   done
+  ;;
+mix)
+  PROF_TAG=mix kernel_profile "${PROF_S:-540}" \
+    "${PROF_CONFIGS:-paper-7B-n256,paper-1.4B-n256,paper-120B-n512}" \
+    "${MIX_VARIANTS:-pallas,ffi,pallas+dh/dw2/dx_pairs/dw1=ffi,ffi+up_proj=pallas}" 0.05
+  grep -E "ms  |--|^ +[0-9]+ +[0-9.]+ " "$OUT/profile-mix.log" | cut -c1-150 | head -n 160
   ;;
 dout512)
   dout_only_profile dout512 "${PROF_S:-400}" paper-7B-n512,paper-30B-n512,paper-120B-n512
