@@ -19,82 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
-import subprocess
 import sys
 import time
 
-# clocks_event_reasons bits (nvidia-smi --help-query-gpu).
-REASONS = {
-    0x1: "idle", 0x2: "app-clocks", 0x4: "sw-power-cap", 0x8: "hw-slowdown",
-    0x10: "sync-boost", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "hw-power-brake",
-    0x100: "display-clocks"}
-SMI_FIELDS = ("timestamp", "power.draw", "power.limit", "clocks.sm", "clocks.mem",
-              "temperature.gpu", "clocks_event_reasons.active")
-
-
-def reason_names(mask: int) -> list[str]:
-  """The names of the throttle-reason bits set in ``mask`` ('none' for 0)."""
-  names = [name for bit, name in REASONS.items() if mask & bit]
-  return names or ["none"]
-
-
-def _number(text: str) -> float:
-  """'612.34 W' / '1980 MHz' / '45' -> float; NaN for '[N/A]' and the like."""
-  try:
-    return float(text.strip().split()[0])
-  except (ValueError, IndexError):
-    return float("nan")
-
-
-def parse_smi_csv(lines: list[str]) -> list[dict]:
-  """nvidia-smi --format=csv,noheader rows of SMI_FIELDS -> dicts with t (the sample's time as
-  seconds since the epoch, read as local time like time.time()), power_w, power_limit_w, sm_mhz,
-  mem_mhz, temp_c, reasons (int mask). Rows that do not parse (a header, a cut-off last line)
-  are skipped."""
-  from datetime import datetime
-  rows = []
-  for line in lines:
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) != len(SMI_FIELDS):
-      continue
-    try:
-      stamp = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-      mask = int(parts[6], 16)
-    except ValueError:
-      continue
-    rows.append({"t": stamp, "power_w": _number(parts[1]),
-                 "power_limit_w": _number(parts[2]), "sm_mhz": _number(parts[3]),
-                 "mem_mhz": _number(parts[4]), "temp_c": _number(parts[5]), "reasons": mask})
-  return rows
-
-
-def _median(values: list[float]) -> float:
-  """The median of the values that are not NaN (an '[N/A]' reading); NaN if none are."""
-  values = [v for v in values if not math.isnan(v)]
-  return statistics.median(values) if values else float("nan")
-
-
-def summarize(rows: list[dict], start: float, stop: float, width: float = 1.0) -> list[dict]:
-  """Samples with start <= t < stop in windows of ``width`` seconds (t relative to start): per
-  window with samples the median power, SM clock, memory clock and temperature, and the throttle
-  reasons of any sample."""
-  out = []
-  t = start
-  while t < stop:
-    win = [r for r in rows if t <= r["t"] < min(t + width, stop)]
-    if win:
-      mask = 0
-      for r in win:
-        mask |= r["reasons"]
-      out.append({"t": round(t - start, 3), "samples": len(win),
-                  **{k: _median([r[k] for r in win])
-                     for k in ("power_w", "sm_mhz", "mem_mhz", "temp_c")},
-                  "reasons": reason_names(mask)})
-    t += width
-  return out
+from sonic_jax.bench.gpu_state import SmiSampler, summarize
 
 
 def main(argv=None) -> int:
@@ -131,33 +60,29 @@ def main(argv=None) -> int:
     names, med, _, _ = kernel_medians(timings if iters > 1 else [timings])
     return list(zip(names, med))
 
-  smi_path = os.path.join(args.out_dir, "smi.csv")
-  with open(smi_path, "w") as smi_out:
-    smi = subprocess.Popen(
-        ["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader",
-         "-lms", str(args.sample_ms)], stdout=smi_out, stderr=subprocess.DEVNULL)
-    try:
-      t_start = time.time()
-      time.sleep(args.rest_s)
-      t_cold = time.time()
-      cold = kernels(args.iters)
-      t_load = time.time()
-      steps, pending = 0, []
-      while time.time() - t_load < args.seconds:
-        pending.append(fn(*prob.args, prob.dout))
-        steps += 1
-        if len(pending) > 2:  # keep the queue short: each step's outputs hold its gradients
-          jax.block_until_ready(pending.pop(0))
-      jax.block_until_ready(pending)
-      del pending
-      t_hot = time.time()
-      hot = kernels(args.iters)
-      t_end = time.time()
-    finally:
-      smi.terminate()
-      smi.wait()
-  with open(smi_path) as f:
-    rows = parse_smi_csv(f.read().splitlines())
+  smi = SmiSampler.start(period_ms=args.sample_ms, path=os.path.join(args.out_dir, "smi.csv"))
+  if smi is None:
+    raise SystemExit("power_trace.py needs nvidia-smi on PATH")
+  try:
+    t_start = time.time()
+    time.sleep(args.rest_s)
+    t_cold = time.time()
+    cold = kernels(args.iters)
+    t_load = time.time()
+    steps, pending = 0, []
+    while time.time() - t_load < args.seconds:
+      pending.append(fn(*prob.args, prob.dout))
+      steps += 1
+      if len(pending) > 2:  # keep the queue short: each step's outputs hold its gradients
+        jax.block_until_ready(pending.pop(0))
+    jax.block_until_ready(pending)
+    del pending
+    t_hot = time.time()
+    hot = kernels(args.iters)
+    t_end = time.time()
+  finally:
+    smi.stop()
+  rows = smi.rows()
   phases = {"idle": summarize(rows, t_start, t_cold, width=t_cold - t_start),
             "cold_timing": summarize(rows, t_cold, t_load, width=1e9),
             "load": summarize(rows, t_load, t_hot),

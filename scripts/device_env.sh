@@ -21,13 +21,14 @@ install_wheels() {
 # The steps the device calls share; each writes its full log under $OUT and prints a summary.
 
 # begin_call [SUBDIR...]: $OUT and its SUBDIRs created, the carried wheels in .whl installed,
-# the GPU's name, driver and clock recorded in $OUT/gpu.txt.
+# the GPU's name, driver, top SM clock and power limits recorded in $OUT/gpu.txt.
 begin_call() {
   local sub
   mkdir -p "$OUT"
   for sub in "$@"; do mkdir -p "$OUT/$sub"; done
   install_wheels .whl
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,enforced.power.limit \
+    --format=csv,noheader | tee "$OUT/gpu.txt"
 }
 
 # gpu_tests SECONDS FILE -k EXPR: the marked GPU tests of FILE selected by EXPR, log in

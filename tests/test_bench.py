@@ -745,13 +745,13 @@ def test_bench_layer_for_reads_ffi_schedules_apart_from_route_paths(path, monkey
     variants.layer_for(spec + "@cached", 16, 8, 2)
 
 
-def test_power_trace_parses_smi_samples_and_summarizes_windows():
-  """benchmarks/power_trace.py: nvidia-smi CSV rows become samples (header and cut-off lines
+def test_gpu_state_parses_smi_samples_and_summarizes_windows():
+  """sonic_jax.bench.gpu_state (benchmarks/power_trace.py, the layer benchmark): nvidia-smi CSV rows become samples (header and cut-off lines
   skipped, '[N/A]' as NaN), and each window reports median power / clocks and every throttle
   reason seen in it."""
   import math
   from datetime import datetime
-  mod = _load_benchmark("power_trace")
+  from sonic_jax.bench import gpu_state as mod
   lines = [
       "timestamp, power.draw [W], power.limit [W], clocks.current.sm [MHz], "
       "clocks.current.memory [MHz], temperature.gpu, clocks_event_reasons.active",
@@ -774,3 +774,83 @@ def test_power_trace_parses_smi_samples_and_summarizes_windows():
   assert first["power_w"] == 695.0  # the N/A sample left out of the median
   assert first["reasons"] == ["sw-power-cap", "sw-thermal"]
   assert mod.reason_names(0) == ["none"] and mod.reason_names(0x1) == ["idle"]
+  # One timing's interval: padded by a period, 'idle' left out, N/A power not a median input.
+  state = mod.interval_state(rows, t0 + 0.6, t0 + 1.0, pad=0.25)
+  assert state == {"samples": 3, "sm_mhz": 1700.0, "sm_mhz_min": 1650.0, "power_w": 695.0,
+                   "power_limit_w": 700.0, "temp_c_max": 54.0,
+                   "reasons": ["sw-power-cap", "sw-thermal"]}
+  assert mod.interval_state(rows, t0 + 5, t0 + 6, pad=0.25) is None
+  idle = mod.interval_state(rows, t0, t0, pad=0.1)
+  assert idle["reasons"] == ["none"] and idle["samples"] == 1
+  na = mod.interval_state([{**rows[3], "sm_mhz": float("nan")}], t0, t0 + 2)
+  assert na["sm_mhz"] is None and na["sm_mhz_min"] is None and na["power_w"] is None
+  json.dumps(state)  # plain JSON values
+
+
+_FAKE_SMI = """#!/usr/bin/env python3
+# nvidia-smi --query-gpu=... --format=csv,noheader -lms MS: one row of SMI_FIELDS per period.
+import datetime, sys, time
+ms = int(sys.argv[sys.argv.index("-lms") + 1])
+while True:
+  now = datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+  print(f"{now}, 650.00 W, 700.00 W, 1830 MHz, 3201 MHz, 61, 0x0000000000000004", flush=True)
+  time.sleep(ms / 1e3)
+"""
+
+
+def test_smi_sampler_records_an_interval_and_cleans_up(tmp_path, monkeypatch):
+  """SmiSampler runs nvidia-smi in the background (here a fake one on PATH) and summarizes the
+  samples of an interval; stop() ends the process and removes its temporary file; without
+  nvidia-smi start() returns None instead of failing."""
+  import time
+  from sonic_jax.bench.gpu_state import SmiSampler
+  fake = tmp_path / "nvidia-smi"
+  fake.write_text(_FAKE_SMI)
+  fake.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+  smi = SmiSampler.start(period_ms=20)
+  assert smi is not None
+  try:
+    time.sleep(0.3)
+    t0 = time.time()
+    time.sleep(0.2)
+    state = smi.interval(t0, time.time())
+  finally:
+    smi.stop()
+  assert state is not None and state["samples"] >= 3
+  assert (state["sm_mhz"], state["power_w"], state["temp_c_max"]) == (1830.0, 650.0, 61.0)
+  assert state["reasons"] == ["sw-power-cap"]
+  assert smi._proc.poll() is not None and not os.path.exists(smi.path)
+  assert SmiSampler.start(executable="no-such-nvidia-smi") is None
+
+
+def test_runner_attaches_each_timings_gpu_state(tmp_path):
+  """The layer benchmark records, per timed mode, the GPU state of its CUPTI interval when a
+  sampler runs (on a GPU), and its markdown report lists it; on the CPU it records none."""
+  from sonic_jax.bench.timing import Compiled, Measured, Timing
+  cfg = configs.parse_configs(SMOKE)
+  runner = Runner(cfg, ["dense-ceiling"], RoutingSpec(), Options(modes=("fwd",), iters=1,
+                                                                 warmup=0),
+                  progress=lambda s: None)
+  doc = runner.run()
+  assert doc["meta"]["gpu_state"] == "off"
+  assert all("gpu" not in m for r in doc["results"] for m in r["modes"].values())
+  assert "GPU state" not in report.markdown(doc)
+
+  seen = []
+
+  class Sampler:
+    def interval(self, start, stop):
+      seen.append((start, stop))
+      return {"samples": 4, "sm_mhz": 1755.0, "sm_mhz_min": 1650.0, "power_w": 690.0,
+              "power_limit_w": 700.0, "temp_c_max": 58.0, "reasons": ["sw-power-cap"]}
+
+  runner._smi = Sampler()
+  m = Measured(Compiled(None, 1.0, None), 1.5, None,
+               Timing(2.0, "cupti", [2.0], window=(100.0, 101.0)))
+  entry = runner._mode_entry("fwdbwd", m, 1024, cfg[0])
+  assert seen == [(100.0, 101.0)] and entry["gpu"]["sm_mhz"] == 1755.0
+  doc["results"][0]["modes"]["fwdbwd"] = entry
+  md = report.markdown(doc)
+  assert "## GPU state during the timings" in md
+  assert "| f+b | 1755 (1650) | 690 | 58 | sw-power-cap |" in md

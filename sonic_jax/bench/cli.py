@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--time-budget-s", type=float, default=None,
                   help="stop starting new measurements after this many seconds")
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--gpu-state-ms", type=int, default=50,
+                  help="on a GPU, sample nvidia-smi this often and record each timing's SM "
+                       "clock, power and throttle reasons (0: off)")
   ap.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
   ap.add_argument("--name", default="bench", help="file name prefix (default 'bench')")
   ap.add_argument("--tag", default="", help="extra suffix for the file names")
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                    check_budget_gib=args.check_budget_gib, check_tol=args.check_tol,
                    dense_ref_budget_gib=args.dense_ref_budget_gib,
                    time_budget_s=args.time_budget_s, seed=args.seed,
-                   check_only=args.check_only)
+                   check_only=args.check_only, gpu_state_ms=args.gpu_state_ms)
     impls = resolve_impls(args.backends, args.baselines)
   except ValueError as e:
     ap.error(str(e))

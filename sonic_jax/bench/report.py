@@ -160,8 +160,23 @@ def meta_lines(doc: dict) -> list[str]:
       f"- Check: relative error ‖a−b‖/‖b‖ of out, dx, drouter_w, dw1, dw2 against the xla "
       f"backend at a T where its densified ragged_dot fits (tolerance {o['check_tol']}); "
       "'ref' = the reference itself.",
-  ] + ([] if m.get("complete") else ["- **Incomplete run**: the process stopped before the end."]
+  ] + ([f"- GPU state: {m['gpu_state']}."] if m.get("gpu_state") not in (None, "off") else []
+  ) + ([] if m.get("complete") else ["- **Incomplete run**: the process stopped before the end."]
   ) + [f"- Note: {note}" for note in m.get("notes", [])]
+
+
+def gpu_state_rows(doc: dict) -> list[list[str]]:
+  """Per timed mode with a recorded GPU state (runner: mode entries' 'gpu'), its table row."""
+  out = []
+  for r in doc["results"]:
+    for mode in ("fwd", "fwdbwd"):
+      g = (r.get("modes") or {}).get(mode, {}).get("gpu")
+      if g:
+        out.append([r["config"], r["impl"], "f+b" if mode == "fwdbwd" else mode,
+                    f"{_fmt(g.get('sm_mhz'), '.0f')} ({_fmt(g.get('sm_mhz_min'), '.0f')})",
+                    _fmt(g.get("power_w"), ".0f"), _fmt(g.get("temp_c_max"), ".0f"),
+                    "/".join(g.get("reasons") or [])])
+  return out
 
 
 def markdown(doc: dict, plots: list[str] | None = None) -> str:
@@ -187,6 +202,12 @@ def markdown(doc: dict, plots: list[str] | None = None) -> str:
                           h200(r, 0), h200(r, 1)]
                          for r in paper if r["status"] in ("ok", "partial")
                          and r["kind"] != "ceiling"]), ""]
+  state = gpu_state_rows(doc)
+  if state:
+    parts += ["## GPU state during the timings", "",
+              "nvidia-smi samples over each timing's CUPTI calls: median SM clock (lowest), "
+              "median power, highest temperature, throttle reasons seen ('idle' left out).", "",
+              _md_table(["config", "impl", "mode", "SM MHz", "W", "°C", "reasons"], state), ""]
   for p in plots or []:
     parts += [f"![{os.path.basename(p)}]({os.path.basename(p)})", ""]
   return "\n".join(parts)

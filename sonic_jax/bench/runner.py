@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sonic_jax.bench.configs import BenchConfig, flops
+from sonic_jax.bench.gpu_state import SmiSampler
 from sonic_jax.bench.impls import Impl, dense_ref_bytes, make_impl
 from sonic_jax.bench.problems import RoutingSpec, make_problem, routing_stats, sonic_layer
 from sonic_jax.bench.timing import (Measured, compile_and_time, device_label, memory_stats,
@@ -53,6 +54,7 @@ class Options:
   time_budget_s: float | None = None
   seed: int = 0
   check_only: bool = False       # run only the checks (rows say "check-only"; merge adds them)
+  gpu_state_ms: int = 50         # nvidia-smi sampling period for each timing's GPU state; 0: off
 
   def __post_init__(self):
     bad = [m for m in self.modes if m not in MODES]
@@ -62,6 +64,8 @@ class Options:
       raise ValueError("check_only needs the checks on (drop --no-check)")
     if self.iters < 1 or self.warmup < 0:
       raise ValueError(f"iters must be >= 1 and warmup >= 0, got {self.iters}, {self.warmup}")
+    if self.gpu_state_ms < 0:
+      raise ValueError(f"gpu_state_ms must be >= 0 (0: off), got {self.gpu_state_ms}")
 
 
 def versions() -> dict:
@@ -224,6 +228,7 @@ class Runner:
     self.rows: dict[tuple[str, str], dict] = {}
     self._ref_cache: dict = {}
     self._last_problem = None
+    self._smi: SmiSampler | None = None
     dev = jax.devices()[0]
     self.doc = {
         "meta": {
@@ -278,6 +283,20 @@ class Runner:
   def say(self, msg: str):
     self.progress(f"[{self.jobs_done:3d}/{self.total_jobs} {self.elapsed():6.0f}s] {msg}")
 
+  def _start_gpu_state(self):
+    """nvidia-smi in the background on a GPU (Options.gpu_state_ms), so that each JAX timing
+    records the clock, power and throttle reasons of its interval (``gpu`` in its mode entry):
+    runs of the same code on different days differed by up to 9 %, and the timing alone cannot
+    say whether the clock did."""
+    meta = self.doc["meta"]
+    if not self.opts.gpu_state_ms or self.doc["meta"]["platform"] != "gpu":
+      meta["gpu_state"] = "off"
+      return
+    self._smi = SmiSampler.start(period_ms=self.opts.gpu_state_ms)
+    meta["gpu_state"] = (f"nvidia-smi every {self.opts.gpu_state_ms} ms over each JAX timing's "
+                         "CUPTI calls (mode entries' 'gpu')" if self._smi is not None
+                         else "unavailable: no nvidia-smi")
+
   # ---------------------------------------------------------------- passes
 
   def run(self) -> dict:
@@ -300,10 +319,16 @@ class Runner:
         row["status"] = CHECK_ONLY
     active = [w if impls else 0 for (impls, _), w in zip(passes, PASS_WEIGHTS)]
     total, done = max(sum(active), 1), 0
-    for (impls, fn), w in zip(passes, active):
-      done += w
-      if impls:
-        self._pass(impls, fn, done / total)
+    self._start_gpu_state()
+    try:
+      for (impls, fn), w in zip(passes, active):
+        done += w
+        if impls:
+          self._pass(impls, fn, done / total)
+    finally:
+      if self._smi is not None:
+        self._smi.stop()
+        self._smi = None
     self._ref_cache.clear()
     for row in self.doc["results"]:
       if row["status"] == "pending":
@@ -427,17 +452,27 @@ class Runner:
 
   def _mode_entry(self, mode, m: Measured, pairs, cfg) -> dict:
     tm, c, first = m.timing, m.compiled, m.first_call_s
+    gpu = None
+    if self._smi is not None and tm.window is not None:
+      gpu = self._smi.interval(*tm.window)
     return {"ms": tm.median_ms, "tflops": flops(mode, pairs, cfg.d, cfg.n) / tm.median_ms / 1e9,
             "timer": tm.timer, "wall_ms": tm.wall_median_ms, "compile_s": c.compile_s,
             "first_call_s": first, "samples_ms": [round(s, 5) for s in tm.samples_ms],
             "footprint_bytes": (c.memory or {}).get("footprint_bytes"),
             "temp_bytes": (c.memory or {}).get("temp_size_in_bytes"),
             "argument_bytes": (c.memory or {}).get("argument_size_in_bytes"),
-            **({"timer_note": tm.note} if tm.note else {})}
+            **({"timer_note": tm.note} if tm.note else {}),
+            **({"gpu": gpu} if gpu is not None else {})}
 
   def _say_mode(self, cfg, impl, label, e):
+    gpu = e.get("gpu")
+    clock = ""
+    if gpu:
+      num = lambda v: "?" if v is None else f"{v:.0f}"  # noqa: E731
+      clock = (f", SM {num(gpu['sm_mhz'])} MHz, {num(gpu['power_w'])} W, "
+               f"{'/'.join(gpu['reasons'])}")
     self.say(f"{cfg.name:<22} {impl.name:<16} {label:<8} {e['ms']:9.3f} ms "
-             f"{e['tflops']:7.1f} TF/s  (compile {e['compile_s']:.1f} s, {e['timer']})")
+             f"{e['tflops']:7.1f} TF/s  (compile {e['compile_s']:.1f} s, {e['timer']}{clock})")
 
   def _check(self, impl: Impl, cfg: BenchConfig, row: dict):
     if impl.name == "xla":

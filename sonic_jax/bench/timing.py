@@ -32,6 +32,9 @@ class Timing:
   samples_ms: list[float]
   wall_median_ms: float | None = None
   note: str | None = None
+  # time.time() at the start and end of the timed calls (the median's samples), for the GPU
+  # state of that interval (gpu_state.SmiSampler.interval).
+  window: tuple[float, float] | None = None
 
 
 def on_gpu() -> bool:
@@ -107,15 +110,18 @@ def time_compiled(c: Compiled, args: tuple, *, warmup: int, iters: int, wall_too
   note = None
   if on_gpu() and len(_CUPTI_BROKEN) < 2:
     try:
+      t0 = time.time()
       samples = _cupti_samples(fn, args, iters, out_bytes, max_live_bytes)
+      window = (t0, time.time())
       wall = statistics.median(_wall_samples(fn, args, iters)) if wall_too else None
-      return Timing(statistics.median(samples), "cupti", samples, wall)
+      return Timing(statistics.median(samples), "cupti", samples, wall, window=window)
     except Exception as e:  # noqa: BLE001 - fall back to wall-clock timing, say why
       _CUPTI_BROKEN.append(f"{type(e).__name__}: {e}"[:200])
       note = f"CUPTI failed ({_CUPTI_BROKEN[-1]}); wall clock"
+  t0 = time.time()
   samples = _wall_samples(fn, args, iters)
   med = statistics.median(samples)
-  return Timing(med, "wall", samples, med, note)
+  return Timing(med, "wall", samples, med, note, window=(t0, time.time()))
 
 
 @dataclasses.dataclass
