@@ -27,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 
 def _short(name: str, width: int = 48) -> str:
@@ -61,6 +62,29 @@ def main(argv=None) -> int:
                   help="print kernels from this time up; the rest as one sum (all in the JSON)")
   args = ap.parse_args(argv)
   import jax
+
+  from sonic_jax.bench.gpu_state import SmiSampler
+
+  if jax.devices()[0].platform != "gpu":
+    raise SystemExit("kernel_profile.py needs a GPU (CUPTI)")
+  os.makedirs(args.out_dir, exist_ok=True)
+  records = []
+  # Each round's SM clock (nvidia-smi in the background; none without it): the rounds of one
+  # variant differed by up to 9 % in session 35, and only the clock can say whether it moved.
+  smi = SmiSampler.start(period_ms=50)
+  try:
+    _profile(args, records, smi)
+  finally:
+    if smi is not None:
+      smi.stop()
+  with open(os.path.join(args.out_dir, "kernel_profile.json"), "w") as f:
+    json.dump(records, f, indent=1)
+  return 0
+
+
+def _profile(args, records: list, smi) -> None:
+  """The profile of every config and variant of ``args``, appended to ``records``."""
+  import jax
   from jax.experimental.mosaic.gpu import profiler
 
   from sonic_jax.bench.configs import parse_configs
@@ -69,10 +93,6 @@ def main(argv=None) -> int:
   from sonic_jax.bench.timing import kernel_medians
   from sonic_jax.bench.variants import layer_for
 
-  if jax.devices()[0].platform != "gpu":
-    raise SystemExit("kernel_profile.py needs a GPU (CUPTI)")
-  os.makedirs(args.out_dir, exist_ok=True)
-  records = []
   for cfg in parse_configs(args.configs.split(",")):
     prob = make_problem(cfg, seed=0)
     fns, errs_of, ref_grads = {}, {}, None
@@ -105,13 +125,16 @@ def main(argv=None) -> int:
     # one-after-the-other profile), so a later variant must not be the only one timed hot.
     samples = {spec: [] for spec in fns}
     round_totals = {spec: [] for spec in fns}
+    round_states = {spec: [] for spec in fns}
     if iters < args.iters:
       print(f"  {iters} calls per round (the outputs of {args.iters} exceed "
             f"--outputs-gib {args.outputs_gib})", flush=True)
     for _ in range(args.rounds):
       for spec, fn in fns.items():
+        t0 = time.time()
         _, timings = profiler.measure(fn, aggregate=False, iterations=iters)(
             *prob.args, prob.dout)
+        round_states[spec].append(smi.interval(t0, time.time()) if smi is not None else None)
         if iters == 1:  # measure() returns one call's list unwrapped
           timings = [timings]
         samples[spec].extend(timings)
@@ -125,11 +148,15 @@ def main(argv=None) -> int:
       drift, n_drift = _drift(first, per_variant[spec], args.min_ms)
       records.append({"config": cfg.name, "shape": cfg.shape, "variant": spec,
                       "kernels": per_variant[spec], "total_ms": total, "rel_vs_first": errs,
-                      "round_totals_ms": round_totals[spec], "drift_vs_first": drift,
+                      "round_totals_ms": round_totals[spec],
+                      "round_gpu_states": round_states[spec], "drift_vs_first": drift,
                       "drift_kernels": n_drift, "rounds": args.rounds,
                       "iters_per_round": iters, "iterations_kept": kept,
                       "iterations": len(timings)})
       rounds = "/".join(f"{t:.3f}" for t in round_totals[spec])
+      clocks = [st["sm_mhz"] for st in round_states[spec] if st and st.get("sm_mhz")]
+      if clocks:
+        rounds += " at " + "/".join(f"{c:.0f}" for c in clocks) + " MHz"
       print(f"  {spec}: {total:.3f} ms" + "".join(f"  rel_{k}={v:.2g}" for k, v in errs.items())
             + f"  rounds {rounds}"
             + (f"  drift x{drift:.3f} ({n_drift} kernels)" if per_variant[spec] is not first

@@ -146,8 +146,8 @@ def meta_lines(doc: dict) -> list[str]:
       f"- Routing: {m['routing']}"
       + (f" (routing kernels: {m['route_impl']})" if m.get("route_impl") else "")
       + "; bf16, x and dO = 0.2·randn, expert weights N(0, 0.02), "
-      f"router logits ~N(0, 1); the timed layer includes router, routing metadata, gather and "
-      f"combine.",
+      "router logits ~N(0, 1); the timed layer includes router, routing metadata, gather and "
+      "combine.",
       f"- Timing: {m['timing']}; {o['warmup']} warm-up calls, median of {o['iters']}. "
       f"Backward = {'measured alone' if o['bwd_direct'] else '(fwd+bwd) − fwd, as in the paper'}. "
       f"Forward is the training forward (residuals for the backward are written; the layer's "
