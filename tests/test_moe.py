@@ -130,6 +130,24 @@ def test_remat_and_value_and_grad():
     assert rel_err(b, a) < 1e-6
 
 
+def test_forward_mode_is_the_references_not_the_layers():
+  """README (Autodiff): jvp through the layer's custom_vjp fails with JAX's own error; the dense
+  reference differentiates both ways, and its forward mode agrees with the layer's reverse mode
+  (u · J v computed both ways)."""
+  p = Problem(T=16, d=8, n=8, E=4, K=2)
+  x, rw, w1, w2 = make_inputs(p)
+  v = jax.random.normal(jax.random.key(7), x.shape, x.dtype)
+  u = jax.random.normal(jax.random.key(8), x.shape, x.dtype)
+  with pytest.raises(TypeError, match="forward-mode"):
+    jax.jvp(lambda xi: sonic_jax.moe(xi, rw, w1, w2, top_k=2, backend="xla"), (x,), (v,))
+  ref = lambda xi: moe_reference(xi, rw, w1, w2, top_k=2)
+  _, jv = jax.jvp(ref, (x,), (v,))
+  _, vjp = jax.vjp(lambda xi: sonic_jax.moe(xi, rw, w1, w2, top_k=2, backend="xla"), x)
+  (uj,) = vjp(u)
+  fwd, rev = float(jnp.vdot(u, jv)), float(jnp.vdot(uj, v))
+  assert np.isfinite(fwd) and abs(fwd - rev) <= 1e-4 * max(abs(fwd), 1.0)
+
+
 def test_inside_shard_map():
   p = Problem(T=64, d=16, n=16, E=4, K=2)
   x, rw, w1, w2 = make_inputs(p)
