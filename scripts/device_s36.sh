@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 36's device plan (none was lent in session 36, so nothing here has run yet). Carry the
+# built library, ABI 15:
+#   run(command="PART=mix bash scripts/device_s36.sh",
+#       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
+# In order of what each call can change (each fits one 600 s call):
+# 1. PART=mix: the pallas forward with the ffi backward, and ffi with pallas' up_proj, against
+#    both backends (interleaved kernel profile at 7B-n256, 1.4B-n256, 120B-n512).
+# 2. PART=ppc1: GemmConfig 18 / 19 (CUTLASS ping-pong without a cluster) GPU tests, then against
+#    each kind's default at the n = 256 configs, 120B-n512 and 7B-n512.
+# 3. PART=dout512,power: dO read through gather_idx at n = 512, d >= 1536 against the default;
+#    then the power trace (POWER_RUNS, two runs by default here).
+# 4. PART=bench (an H200 only): the layer benchmark of the configs that miss a target, now with each timing's
+#    SM clock, power and throttle reasons (the runner's GPU state, session 36).
+# 5. PART=memcheck_new: compute-sanitizer memcheck of the kernel tests of what was built after
+#    the last memcheck (session 23): TMA_AB (config 14), the ping-pong schedules (gathers of
+#    session 32, plain 18 / 19 of session 35), the dSwiGLU warp-per-row and in-order SwiGLU
+#    kernels, scatter_rows; one routing case per schedule (token rounding: padding rows, groups
+#    straddling tiles). MC_K overrides the selection.
+# Parts 1-3 are scripts/device_s35.sh's.
+set -uo pipefail
+source scripts/device_env.sh
+OUT=${OUT:-$PWD/s36_out}
+begin_call
+for part in ${PART//,/ }; do
+case $part in
+power)
+  POWER_RUNS=${POWER_RUNS:-"paper-30B-n256/pallas paper-120B-n512/ffi"} OUT=$OUT PART=power \
+    bash scripts/device_s35.sh | grep -v "^== \[.*\] done" | grep -v ", MHz\|^NVIDIA"
+  ;;
+bench)
+  BENCH_CONFIGS=${BENCH_CONFIGS:-"paper-7B-n256 paper-30B-n256 paper-120B-n512 paper-1.4B-n256"} \
+    OUT=$OUT PART=bench bash scripts/device_s35.sh | grep -v "^== \[.*\] done"
+  ;;
+memcheck_new)
+  memcheck "${MC_S:-540}" tests/test_ffi.py -k "${MC_K:-(every_gemm_schedule and (TMA_AB or \
+PINGPONG_128x128_C1x1 or PINGPONG_64x256)) or (gathered_gemm_matches_fp32 and PINGPONG and \
+token_rounding) or dswiglu_warp or in_order_swiglu or scatter_rows_matches}"
+  ;;
+*)
+  OUT=$OUT PART=$part bash scripts/device_s35.sh | grep -v "^== \[.*\] done" \
+    | grep -v ", MHz\|^NVIDIA"
+  ;;
+esac
+done
+echo "== [$(since) s] done"
