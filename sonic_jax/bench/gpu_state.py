@@ -4,7 +4,7 @@ background, so that every timing can say what clock it ran at.
 Session 35's H200 runs took 1-9 % longer than earlier sessions' at every config whose step lasts
 17 ms or more, for both backends, with kernels unchanged: a timing alone cannot tell a slower
 kernel from a lower clock. ``SmiSampler`` runs ``nvidia-smi --query-gpu=... -lms`` for the life
-of a benchmark; ``window(t0, t1)`` summarizes the samples of one timed interval. The layer
+of a benchmark; ``interval(t0, t1)`` summarizes the samples of one timed interval. The layer
 benchmark (``runner.py``) attaches that summary to every mode it times, and
 ``benchmarks/power_trace.py`` uses the same parser for its sustained-load trace.
 """
@@ -179,9 +179,3 @@ class SmiSampler:
         os.remove(self.path)
       except OSError:
         pass
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.stop()
