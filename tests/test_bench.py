@@ -824,6 +824,28 @@ def test_smi_sampler_records_an_interval_and_cleans_up(tmp_path, monkeypatch):
   assert SmiSampler.start(executable="no-such-nvidia-smi") is None
 
 
+def test_runner_samples_nvidia_smi_over_a_whole_run(tmp_path, monkeypatch):
+  """A run on a GPU (here the CPU run's platform relabelled, and a fake nvidia-smi on PATH)
+  samples in the background: each timed mode gets the state of its interval, the meta says how
+  many samples parsed, and the sampler's process is gone afterwards."""
+  fake = tmp_path / "nvidia-smi"
+  fake.write_text(_FAKE_SMI)
+  fake.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+  runner = Runner(configs.parse_configs(SMOKE), ["dense-ceiling"], RoutingSpec(),
+                  Options(modes=("fwd", "fwdbwd"), iters=2, warmup=0, gpu_state_ms=20),
+                  progress=lambda s: None)
+  runner.doc["meta"]["platform"] = "gpu"
+  doc = runner.run()
+  assert doc["meta"]["gpu_state"].startswith("nvidia-smi every 20 ms")
+  assert doc["meta"]["gpu_state_samples"] > 0 and runner._smi is None
+  for r in doc["results"]:
+    for mode in ("fwd", "fwdbwd"):
+      g = r["modes"][mode]["gpu"]
+      assert g["samples"] >= 1 and g["sm_mhz"] == 1830.0 and g["reasons"] == ["sw-power-cap"]
+  assert "| f+b | 1830 (1830) | 650 | 61 | sw-power-cap |" in report.markdown(doc)
+
+
 def test_runner_attaches_each_timings_gpu_state(tmp_path):
   """The layer benchmark records, per timed mode, the GPU state of its CUPTI interval when a
   sampler runs (on a GPU), and its markdown report lists it; on the CPU it records none."""

@@ -327,6 +327,9 @@ class Runner:
           self._pass(impls, fn, done / total)
     finally:
       if self._smi is not None:
+        # How many samples parsed: 0 would mean nvidia-smi's output did not parse (no 'gpu'
+        # entries), which a reader of the JSON must be able to tell from "not sampled".
+        self.doc["meta"]["gpu_state_samples"] = len(self._smi.rows())
         self._smi.stop()
         self._smi = None
     self._ref_cache.clear()
