@@ -11,9 +11,10 @@
 #   same interleaved kernel profile at the n = 256 configs.
 # PART=ppc1 (any Hopper GPU; rebuild the library first, ABI 15): GemmConfig 18 / 19 (CUTLASS's
 #   ping-pong without a cluster, bf16 varlen-M kinds) against xla (every routing case), then
-#   those two schedules against each kind's default (--only-schedules) at the n = 256 configs,
-#   where down_proj is 0.66-0.68x dense, and at 120B-n512 and 7B-n512 (down_proj's reduction is
-#   K = n there too: a short mainloop, the epilogue exposed).
+#   those two schedules against each kind's default (--only-schedules) at 120B-n512 (down_proj
+#   514 TFLOP/s against up_proj's 678 in session 34's H100 step: its reduction is K = n = 512,
+#   a short mainloop next to an exposed epilogue) and the n = 256 configs, where down_proj is
+#   0.66-0.68x dense; 100 s each ($SWEEP_S, $SWEEP_CONFIGS).
 # PART=mix (any Hopper GPU): the pallas forward with the ffi backward (MixedKernels), and ffi with
 #   pallas' up_proj (SwiGLU in its epilogue, x read in the kernel), against both backends in one
 #   interleaved profile: session 35's H200 layer rows have pallas' forward faster and ffi's
@@ -57,8 +58,8 @@ xpath)
   dout_only_profile xpath "${PROF_S:-420}" paper-7B-n256,paper-1.4B-n256,paper-30B-n256
   ;;
 ppc1)
-  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "every_gemm_schedule and Pingpong and C1x1"
-  for cfg in ${SWEEP_CONFIGS:-24576,1536,256,128,8 40960,768,256,128,8 32768,4096,256,256,16 32768,4096,512,256,16 24576,1536,512,64,4}; do
+  gpu_tests "${TEST_S:-120}" tests/test_ffi.py -k "every_gemm_schedule and PINGPONG and C1x1"
+  for cfg in ${SWEEP_CONFIGS:-32768,4096,512,256,16 24576,1536,256,128,8 32768,4096,256,256,16 40960,768,256,128,8}; do
     ffi_sweep "${SWEEP_S:-100}" "ppc1-${cfg//,/_}" "^config| ms |MEASURED" \
       --gemms-only --only-schedules PINGPONG_128x128_C1x1 PINGPONG_64x256_C1x1 --configs "$cfg"
   done

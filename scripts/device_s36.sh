@@ -7,7 +7,7 @@
 # 1. PART=mix: the pallas forward with the ffi backward, and ffi with pallas' up_proj, against
 #    both backends (interleaved kernel profile at 7B-n256, 1.4B-n256, 120B-n512).
 # 2. PART=ppc1: GemmConfig 18 / 19 (CUTLASS ping-pong without a cluster) GPU tests, then against
-#    each kind's default at the n = 256 configs, 120B-n512 and 7B-n512.
+#    each kind's default at 120B-n512 and the n = 256 configs.
 # 3. PART=dout512,power: dO read through gather_idx at n = 512, d >= 1536 against the default;
 #    then the power trace (POWER_RUNS, two runs by default here).
 # 4. PART=bench (an H200 only): the layer benchmark of the configs that miss a target, now with each timing's
