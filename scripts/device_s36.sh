@@ -17,6 +17,11 @@
 #    session 32, plain 18 / 19 of session 35), the dSwiGLU warp-per-row and in-order SwiGLU
 #    kernels, scatter_rows; one routing case per schedule (token rounding: padding rows, groups
 #    straddling tiles). MC_K overrides the selection.
+# 6. PART=tmagather (any Hopper GPU, seconds): benchmarks/cuda/tma_row_gather.cu, built with
+#    nvcc: can one-row TMA boxes fill the gathered operand's swizzled stage (checked against
+#    x[idx] first), and how fast against cp.async and in-order TMA tiles, with the rows in L2
+#    (one expert's, 16 MiB) and from HBM? Decides whether lever 3 of docs/ffi.md is worth a
+#    kernel.
 # Parts 1-3 are scripts/device_s35.sh's.
 set -uo pipefail
 source scripts/device_env.sh
@@ -36,6 +41,16 @@ memcheck_new)
   memcheck "${MC_S:-540}" tests/test_ffi.py -k "${MC_K:-(every_gemm_schedule and (TMA_AB or \
 PINGPONG_128x128_C1x1 or PINGPONG_64x256)) or (gathered_gemm_matches_fp32 and PINGPONG and \
 token_rounding) or dswiglu_warp or in_order_swiglu or scatter_rows_matches}"
+  ;;
+tmagather)
+  echo "== [$(since) s] tma_row_gather"
+  nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/tma_row_gather benchmarks/cuda/tma_row_gather.cu \
+    > "$OUT/tma_row_gather.log" 2>&1
+  for window in 2048 32768; do
+    timeout 60 /tmp/tma_row_gather 32768 4096 "$window" 4000 >> "$OUT/tma_row_gather.log" 2>&1
+    echo "rc=$?" >> "$OUT/tma_row_gather.log"
+  done
+  cat "$OUT/tma_row_gather.log" | cut -c1-160 | tail -n 30
   ;;
 *)
   OUT=$OUT PART=$part bash scripts/device_s35.sh | grep -v "^== \[.*\] done" \

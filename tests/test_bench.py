@@ -876,3 +876,19 @@ def test_runner_attaches_each_timings_gpu_state(tmp_path):
   md = report.markdown(doc)
   assert "## GPU state during the timings" in md
   assert "| f+b | 1755 (1650) | 690 | 58 | sw-power-cap |" in md
+
+
+def test_tma_row_gather_probe_compiles_for_sm90a(tmp_path):
+  """benchmarks/cuda/tma_row_gather.cu (the standalone gather-into-swizzled-stage probe that
+  scripts/device_s36.sh's PART=tmagather runs) compiles for sm_90a with plain nvcc, no CUTLASS;
+  skipped where there is no nvcc."""
+  import shutil
+  import subprocess
+  nvcc = shutil.which("nvcc")
+  if nvcc is None:
+    pytest.skip("no nvcc")
+  src = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cuda", "tma_row_gather.cu")
+  res = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-c", src, "-o",
+                        str(tmp_path / "probe.o")], capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert (tmp_path / "probe.o").stat().st_size > 0
