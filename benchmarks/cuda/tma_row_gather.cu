@@ -3,13 +3,13 @@
 // the gathered varlen-K kernel (csrc/gather_wgrad.cuh) fills its gathered operand with 16-byte
 // cp.async chunks and runs 1.2-1.3x slower than CUTLASS's varlen-K GEMM over a gathered copy,
 // whose operands come by TMA; Nsight Compute put the consumers' waits on full stages. Here the
-// same stage (kBK = 64 gathered rows x kBM = 256 columns, bf16, 32 KiB, the MN-major 128-byte
-// swizzle of gather_wgrad.cuh's TMA collectives) is filled three ways, with no MMA, so only the
-// loads count:
+// same stage (kBK = 64 gathered rows x kBM = 256 or 128 columns, bf16, 32 or 16 KiB, the
+// MN-major 128-byte swizzle of gather_wgrad.cuh's TMA collectives) is filled three ways, with no
+// MMA, so only the loads count:
 //   cp.async  : 128 producer threads, one 16-byte cp.async per chunk, noinc arrivals (the
 //               kernel's scheme today);
 //   tma-rows  : one producer warp, one TMA box of 64 columns x 1 row per gathered row and
-//               64-column block (4 per row), straight into the swizzled stage;
+//               64-column block (kBM / 64 per row), straight into the swizzled stage;
 //   tma-tile  : one TMA box of 64 columns x 64 rows per block, rows in order (what CUTLASS
 //               does over a gathered copy): the ceiling.
 // tma-rows rests on an assumption this program checks first: that the hardware's 128-byte
@@ -40,16 +40,22 @@
 
 namespace {
 
-constexpr int kBK = 64;                        // gathered rows per stage (the GEMM's K block)
-constexpr int kBM = 256;                       // columns per stage (the gathered operand's M)
-constexpr int kBlocks = kBM / 64;              // 64-column blocks of 128-byte rows
-constexpr int kStageBytes = kBK * kBM * 2;     // 32 KiB
+constexpr int kBK = 64;  // gathered rows per stage (the GEMM's K block)
 constexpr int kStages = 4;
 constexpr int kProducerThreads = 128, kConsumerThreads = 128;
 constexpr int kThreads = kProducerThreads + kConsumerThreads;
-constexpr int kChunksPerRow = kBM / 8;         // 16-byte chunks
-constexpr int kChunks = kBK * kChunksPerRow;   // per stage
-constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+
+// A stage of kBM columns (the gathered operand's M side: 256 for configs 8 / 9's 256 x 128
+// tiles, 128 for configs 5 / 6's 128 x 256).
+template <int kBM_>
+struct Stage {
+  static constexpr int kBM = kBM_;
+  static constexpr int kBlocks = kBM / 64;             // 64-column blocks of 128-byte rows
+  static constexpr int kBytes = kBK * kBM * 2;         // 32 or 16 KiB
+  static constexpr int kChunksPerRow = kBM / 8;        // 16-byte chunks
+  static constexpr int kChunks = kBK * kChunksPerRow;  // per stage
+  static constexpr int kSmemBytes = kStages * kBytes + 2 * kStages * 8 + 1024;
+};
 
 enum Mode : int { kCpAsync = 0, kTmaRows = 1, kTmaTile = 2 };
 const char* const kModeNames[] = {"cp.async", "tma-rows", "tma-tile"};
@@ -116,16 +122,18 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 __device__ __forceinline__ int64_t stage_id(int s, int stages) {
   return int64_t(blockIdx.x) * stages + s;
 }
-__device__ __forceinline__ int stage_m0(int64_t id, int cols) {
-  return int((id % (cols / kBM)) * kBM);
+__device__ __forceinline__ int stage_m0(int64_t id, int cols, int bm) {
+  return int((id % (cols / bm)) * bm);
 }
 
-template <int kMode>
+template <int kMode, int kBM>
 __global__ void __launch_bounds__(kThreads, 1)
     fill_stages(const __grid_constant__ CUtensorMap row_map,
                 const __grid_constant__ CUtensorMap tile_map, const uint16_t* __restrict__ x,
                 const int32_t* __restrict__ idx, int cols, int window, int stages, int verify,
                 unsigned long long* mismatches, unsigned long long* checksum) {
+  using S = Stage<kBM>;
+  constexpr int kStageBytes = S::kBytes, kChunksPerRow = S::kChunksPerRow;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -159,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot = s % kStages;
         mbar_wait(&empty[slot], ((s / kStages) & 1) ^ 1);
         const uint32_t base = smem_addr(smem + slot * kStageBytes);
-        const uint16_t* src = x + stage_m0(stage_id(s, stages), cols) + col;
+        const uint16_t* src = x + stage_m0(stage_id(s, stages), cols, kBM) + col;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           cp_async_16(base + stage_offset(k0 + kRowStep * i, col), src + int64_t(rows[i]) * cols);
@@ -183,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot = s % kStages;
         mbar_wait(&empty[slot], ((s / kStages) & 1) ^ 1);
         const int64_t id = stage_id(s, stages);
-        const int m0 = stage_m0(id, cols);
+        const int m0 = stage_m0(id, cols, kBM);
         uint8_t* stage = smem + slot * kStageBytes;
         if (lane == 0) mbar_arrive_expect_tx(&full[slot], kStageBytes);
         __syncwarp();
@@ -192,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int r = 0; r < 2; ++r) {
             const int k = lane + 32 * r;
 #pragma unroll
-            for (int b = 0; b < kBlocks; ++b) {
+            for (int b = 0; b < S::kBlocks; ++b) {
               tma_load_2d(stage + b * (kBK * 128) + k * 128, &row_map, m0 + 64 * b, rows[r],
                           &full[slot]);
             }
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else if (lane == 0) {
           const int row0 = int((id * kBK) % window);
 #pragma unroll
-          for (int b = 0; b < kBlocks; ++b) {
+          for (int b = 0; b < S::kBlocks; ++b) {
             tma_load_2d(stage + b * (kBK * 128), &tile_map, m0 + 64 * b, row0, &full[slot]);
           }
         }
@@ -218,8 +226,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint8_t* stage = smem + slot * kStageBytes;
       if (verify) {
         const int64_t id = stage_id(s, stages);
-        const int m0 = stage_m0(id, cols);
-        for (int q = ct; q < kChunks; q += kConsumerThreads) {
+        const int m0 = stage_m0(id, cols, kBM);
+        for (int q = ct; q < S::kChunks; q += kConsumerThreads) {
           const int k = q / kChunksPerRow, col = (q % kChunksPerRow) * 8;
           const int64_t row = kMode == kTmaTile ? (id * kBK + k) % window : idx[id * kBK + k];
           const uint4 got = *reinterpret_cast<const uint4*>(stage + stage_offset(k, col));
@@ -278,11 +286,12 @@ CUtensorMap make_map(const uint16_t* x, int rows, int cols, int box_rows) {
   return map;
 }
 
-template <int kMode>
+template <int kMode, int kBM>
 float run(const CUtensorMap& row_map, const CUtensorMap& tile_map, const uint16_t* x,
           const int32_t* idx, int cols, int window, int ctas, int stages, int verify,
           unsigned long long* counters) {
-  auto kernel = fill_stages<kMode>;
+  auto kernel = fill_stages<kMode, kBM>;
+  constexpr int kSmemBytes = Stage<kBM>::kSmemBytes;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   kSmemBytes));
   cudaEvent_t start, stop;
@@ -303,14 +312,59 @@ float run(const CUtensorMap& row_map, const CUtensorMap& tile_map, const uint16_
 
 }  // namespace
 
+// Every mode at stage width kBM: prints one row per mode; returns the number of modes whose
+// stages differed from x[idx].
+template <int kBM>
+int measure_width(const CUtensorMap& row_map, const CUtensorMap& tile_map, const uint16_t* x,
+                  const int32_t* idx, int cols, int window, int ctas, int stages,
+                  unsigned long long* counters) {
+  constexpr int kStageBytes = Stage<kBM>::kBytes;
+  std::printf("-- %d rows x %d columns per stage (%d KiB)\n", kBK, kBM, kStageBytes / 1024);
+  std::printf("%-9s %10s %12s %14s\n", "mode", "mismatch", "GB/s", "us/stage/CTA");
+  int failures = 0;
+  // tma-rows last: if the hardware refuses one-row boxes at 128-byte (not 1024-byte) aligned
+  // swizzled destinations, the launch fails and ends the process after the other two rows.
+  for (int mode : {int(kCpAsync), int(kTmaTile), int(kTmaRows)}) {
+    auto launch = [&](int n_stages, int verify) {
+      CHECK_CUDA(cudaMemset(counters, 0, 16));
+      switch (mode) {
+        case kCpAsync:
+          return run<kCpAsync, kBM>(row_map, tile_map, x, idx, cols, window, ctas, n_stages,
+                                    verify, counters);
+        case kTmaRows:
+          return run<kTmaRows, kBM>(row_map, tile_map, x, idx, cols, window, ctas, n_stages,
+                                    verify, counters);
+        default:
+          return run<kTmaTile, kBM>(row_map, tile_map, x, idx, cols, window, ctas, n_stages,
+                                    verify, counters);
+      }
+    };
+    launch(std::min(stages, 64), 1);
+    unsigned long long host[2];
+    CHECK_CUDA(cudaMemcpy(host, counters, 16, cudaMemcpyDeviceToHost));
+    const unsigned long long mismatched = host[0];
+    failures += mismatched != 0;
+    launch(stages, 0);  // warm-up
+    std::vector<float> ms;
+    for (int i = 0; i < 5; ++i) ms.push_back(launch(stages, 0));
+    std::sort(ms.begin(), ms.end());
+    const double t = ms[ms.size() / 2] * 1e-3;
+    const double bytes = double(ctas) * stages * kStageBytes;
+    std::printf("%-9s %10llu %12.0f %14.3f\n", kModeNames[mode], mismatched, bytes / t / 1e9,
+                t / stages * 1e6);
+    std::fflush(stdout);
+  }
+  return failures;
+}
+
 int main(int argc, char** argv) {
   const int rows = argc > 1 ? std::atoi(argv[1]) : 32768;
   const int cols = argc > 2 ? std::atoi(argv[2]) : 4096;
   const int window = std::min(argc > 3 ? std::atoi(argv[3]) : 2048, rows);
   const int stages = argc > 4 ? std::atoi(argv[4]) : 4000;
-  if (cols % kBM != 0 || window < kBK || window % kBK != 0 || stages < 1) {
-    std::fprintf(stderr, "need cols %% %d == 0, window_rows a multiple of %d, stages >= 1\n",
-                 kBM, kBK);
+  if (cols % 256 != 0 || window < kBK || window % kBK != 0 || stages < 1) {
+    std::fprintf(stderr, "need cols %% 256 == 0, window_rows a multiple of %d, stages >= 1\n",
+                 kBK);
     return 2;
   }
   int dev = 0, sms = 0;
@@ -341,43 +395,14 @@ int main(int argc, char** argv) {
   const CUtensorMap tile_map = make_map(x, window, cols, kBK);
 
   std::printf("%s, %d SMs; x (%d, %d) bf16, gathered rows from the first %d (%.1f MiB); "
-              "%d CTAs x %d stages of %d rows x %d columns (%d KiB)\n",
+              "%d CTAs x %d stages\n",
               prop.name, sms, rows, cols, window, window * double(cols) * 2 / (1 << 20), ctas,
-              stages, kBK, kBM, kStageBytes / 1024);
-  std::printf("%-9s %10s %12s %14s\n", "mode", "mismatch", "GB/s", "us/stage/CTA");
-  int failures = 0;
-  // tma-rows last: if the hardware refuses one-row boxes at 128-byte (not 1024-byte) aligned
-  // swizzled destinations, the launch fails and ends the process after the other two rows.
-  for (int mode : {int(kCpAsync), int(kTmaTile), int(kTmaRows)}) {
-    auto launch = [&](int n_stages, int verify) {
-      CHECK_CUDA(cudaMemset(counters, 0, 16));
-      switch (mode) {
-        case kCpAsync:
-          return run<kCpAsync>(row_map, tile_map, x, idx, cols, window, ctas, n_stages, verify,
-                               counters);
-        case kTmaRows:
-          return run<kTmaRows>(row_map, tile_map, x, idx, cols, window, ctas, n_stages, verify,
-                               counters);
-        default:
-          return run<kTmaTile>(row_map, tile_map, x, idx, cols, window, ctas, n_stages, verify,
-                               counters);
-      }
-    };
-    launch(std::min(stages, 64), 1);
-    unsigned long long host[2];
-    CHECK_CUDA(cudaMemcpy(host, counters, 16, cudaMemcpyDeviceToHost));
-    const unsigned long long mismatched = host[0];
-    failures += mismatched != 0;
-    launch(stages, 0);  // warm-up
-    std::vector<float> ms;
-    for (int i = 0; i < 5; ++i) ms.push_back(launch(stages, 0));
-    std::sort(ms.begin(), ms.end());
-    const double t = ms[ms.size() / 2] * 1e-3;
-    const double bytes = double(ctas) * stages * kStageBytes;
-    std::printf("%-9s %10llu %12.0f %14.3f\n", kModeNames[mode], mismatched, bytes / t / 1e9,
-                t / stages * 1e6);
-  }
-  std::printf("(a 256 x 128 x 64 tile of wgmmas: 0.85 us at 650 TFLOP/s over 132 SMs)\n");
+              stages);
+  int failures =
+      measure_width<256>(row_map, tile_map, x, idx, cols, window, ctas, stages, counters);
+  failures += measure_width<128>(row_map, tile_map, x, idx, cols, window, ctas, stages, counters);
+  std::printf("(a 256 x 128 x 64 or 128 x 256 x 64 tile of wgmmas: 0.85 us at 650 TFLOP/s over "
+              "132 SMs)\n");
   CHECK_CUDA(cudaFree(x));
   CHECK_CUDA(cudaFree(idx));
   CHECK_CUDA(cudaFree(counters));
