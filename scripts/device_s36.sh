@@ -4,6 +4,13 @@
 #   run(command="PART=mix bash scripts/device_s36.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # In order of what each call can change (each fits one 600 s call):
+# 0. PART=wgradstore (any Hopper GPU; rebuild the library first): session 36 changed the weight-
+#    gradient kernel's bf16 epilogue (gather_wgrad.cuh: whole-sector stores), which the default
+#    runs for dW1 / dW2 where n <= 256. Its GPU tests first (every gathered varlen-K schedule
+#    against float64, determinism, config 14's varlen-K, the layer with the in-GEMM gathers),
+#    then dW1 / dW2 alone at 120B-n512, 30B-n256 and 120B-n1024 (wgrad_kernels.py --time:
+#    gather, nocluster, plain), then the step at 120B-n512 and 30B-n512 with every gather in
+#    the GEMM against the default. Run this before anything else.
 # 1. PART=mix: the pallas forward with the ffi backward, and ffi with pallas' up_proj, against
 #    both backends (interleaved kernel profile at 7B-n256, 1.4B-n256, 120B-n512).
 # 2. PART=ppc1: GemmConfig 18 / 19 (CUTLASS ping-pong without a cluster) GPU tests, then against
@@ -41,6 +48,19 @@ memcheck_new)
   memcheck "${MC_S:-540}" tests/test_ffi.py -k "${MC_K:-(every_gemm_schedule and (TMA_AB or \
 PINGPONG_128x128_C1x1 or PINGPONG_64x256)) or (gathered_gemm_matches_fp32 and PINGPONG and \
 token_rounding) or dswiglu_warp or in_order_swiglu or scatter_rows_matches}"
+  ;;
+wgradstore)
+  gpu_tests "${TEST_S:-200}" tests/test_ffi.py -k "gathered_varlen_k or \
+(every_gemm_schedule and VARLEN_K) or (layer_forward_backward and (gather or wgrad))"
+  tail -n 2 "$OUT/gpu-tests.log" | cut -c1-200
+  if grep -q " failed" "$OUT/gpu-tests.log"; then
+    echo "wgradstore: GPU tests failed; not timing"
+  else
+    wgrad_times "${TIME_S:-60}" "${TIME_VARIANTS:-gather,nocluster,plain}" \
+      32768,4096,512,256,16 32768,4096,256,256,16 32768,4096,1024,128,8
+    PROF_TAG=wgradstore kernel_profile "${PROF_S:-180}" \
+      "${PROF_CONFIGS:-paper-120B-n512,paper-30B-n512}" "ffi,ffi:fused-gather:wgrad-gather" 0.05
+  fi
   ;;
 tmagather)
   echo "== [$(since) s] tma_row_gather"
