@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 36's device plan (none was lent in session 36, so nothing here has run yet). Carry the
-# built library, ABI 15:
+# built library, ABI 15, rebuilt after dad6449 (the weight-gradient kernel's stores):
 #   run(command="PART=mix bash scripts/device_s36.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # In order of what each call can change (each fits one 600 s call):
@@ -27,8 +27,9 @@
 # 6. PART=tmagather (any Hopper GPU, seconds): benchmarks/cuda/tma_row_gather.cu, built with
 #    nvcc: can one-row TMA boxes fill the gathered operand's swizzled stage (checked against
 #    x[idx] first), and how fast against cp.async and in-order TMA tiles, with the rows in L2
-#    (one expert's, 16 MiB) and from HBM? Decides whether lever 3 of docs/ffi.md is worth a
-#    kernel.
+#    (one expert's, 16 MiB) and from HBM? Whether the gathered operand could come by TMA once
+#    the weight-gradient kernel's own gap to CUTLASS (config 14 without a gather is as slow) is
+#    closed.
 # Parts 1-3 are scripts/device_s35.sh's.
 set -uo pipefail
 source scripts/device_env.sh

@@ -2,7 +2,10 @@
 // gathered rows? A standalone probe for lever 3 of docs/ffi.md ("Where 120B-n512's step goes"):
 // the gathered varlen-K kernel (csrc/gather_wgrad.cuh) fills its gathered operand with 16-byte
 // cp.async chunks and runs 1.2-1.3x slower than CUTLASS's varlen-K GEMM over a gathered copy,
-// whose operands come by TMA; Nsight Compute put the consumers' waits on full stages. Here the
+// whose operands come by TMA; Nsight Compute put the consumers' waits on full stages. The same
+// kernel with both operands by TMA and no gather (config 14) was as slow, so the producer is not
+// the whole gap (session 36 changed the epilogue's stores, another part they share); this probe
+// says whether, once the rest is closed, the gathered operand could come by TMA as well. Here the
 // same stage (kBK = 64 gathered rows x kBM = 256 or 128 columns, bf16, 32 or 16 KiB, the
 // MN-major 128-byte swizzle of gather_wgrad.cuh's TMA collectives) is filled three ways, with no
 // MMA, so only the loads count:
