@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 36's device plan (none was lent in session 36, so nothing here has run yet). Carry the
 # built library, ABI 15, rebuilt after dad6449 (the weight-gradient kernel's stores):
-#   run(command="PART=mix bash scripts/device_s36.sh",
+#   run(command="PART=wgradstore bash scripts/device_s36.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"])
 # In order of what each call can change (each fits one 600 s call):
 # 0. PART=wgradstore (any Hopper GPU; rebuild the library first): session 36 changed the weight-
@@ -17,8 +17,8 @@
 #    each kind's default at 120B-n512 and the n = 256 configs.
 # 3. PART=dout512,power: dO read through gather_idx at n = 512, d >= 1536 against the default;
 #    then the power trace (POWER_RUNS, two runs by default here).
-# 4. PART=bench (an H200 only): the layer benchmark of the configs that miss a target, now with each timing's
-#    SM clock, power and throttle reasons (the runner's GPU state, session 36).
+# 4. PART=bench (an H200 only): the layer benchmark of the configs that miss a target, now with
+#    each timing's SM clock, power and throttle reasons (the runner's GPU state, session 36).
 # 5. PART=memcheck_new: compute-sanitizer memcheck of the kernel tests of what was built after
 #    the last memcheck (session 23): TMA_AB (config 14), the ping-pong schedules (gathers of
 #    session 32, plain 18 / 19 of session 35), the dSwiGLU warp-per-row and in-order SwiGLU
