@@ -824,6 +824,34 @@ def test_smi_sampler_records_an_interval_and_cleans_up(tmp_path, monkeypatch):
   assert SmiSampler.start(executable="no-such-nvidia-smi") is None
 
 
+def test_smi_sampler_watches_the_visible_gpu_only(monkeypatch):
+  """nvidia-smi prints a row per GPU unless told which: the sampler passes -i with the first
+  CUDA_VISIBLE_DEVICES entry (index or UUID), else GPU 0."""
+  from sonic_jax.bench import gpu_state
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  assert gpu_state.visible_device() == "0"
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+  assert gpu_state.visible_device() == "3"
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8d1e, GPU-77aa")
+  assert gpu_state.visible_device() == "GPU-8d1e"
+  seen = {}
+
+  class Proc:
+    def poll(self):
+      return 0
+
+  def popen(argv, **kw):
+    seen["argv"] = argv
+    return Proc()
+
+  monkeypatch.setattr(gpu_state.shutil, "which", lambda exe: "/bin/" + exe)
+  monkeypatch.setattr(gpu_state.subprocess, "Popen", popen)
+  smi = gpu_state.SmiSampler.start(period_ms=20)
+  smi.stop()
+  assert seen["argv"][:3] == ["/bin/nvidia-smi", "-i", "GPU-8d1e"]
+  assert seen["argv"][-2:] == ["-lms", "20"]
+
+
 def test_runner_samples_nvidia_smi_over_a_whole_run(tmp_path, monkeypatch):
   """A run on a GPU (here the CPU run's platform relabelled, and a fake nvidia-smi on PATH)
   samples in the background: each timed mode gets the state of its interval, the meta says how

@@ -120,6 +120,14 @@ def interval_state(rows: list[dict], start: float, stop: float, pad: float = 0.0
           "temp_c_max": max(temps) if temps else None, "reasons": reason_names(mask & ~0x1)}
 
 
+def visible_device() -> str:
+  """The GPU JAX's first device runs on, as nvidia-smi -i takes it: the first entry of
+  CUDA_VISIBLE_DEVICES (an index or a UUID), else "0". Without -i, nvidia-smi prints a row per
+  GPU per sample, and a multi-GPU host's rows would mix into one interval's state."""
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+  return visible or "0"
+
+
 class SmiSampler:
   """nvidia-smi sampling SMI_FIELDS every ``period_ms`` into a file until ``stop()``.
 
@@ -131,8 +139,9 @@ class SmiSampler:
     self._proc, self.path, self.period_ms, self._owns_path = proc, path, period_ms, owns_path
 
   @classmethod
-  def start(cls, period_ms: int = 50, path: str | None = None,
-            executable: str = "nvidia-smi") -> "SmiSampler | None":
+  def start(cls, period_ms: int = 50, path: str | None = None, executable: str = "nvidia-smi",
+            device: str | None = None) -> "SmiSampler | None":
+    """Starts sampling GPU ``device`` (an nvidia-smi -i value; default: visible_device())."""
     exe = shutil.which(executable)
     if exe is None:
       return None
@@ -143,8 +152,9 @@ class SmiSampler:
     try:
       with open(path, "w") as out:
         proc = subprocess.Popen(
-            [exe, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader",
-             "-lms", str(period_ms)], stdout=out, stderr=subprocess.DEVNULL)
+            [exe, "-i", device or visible_device(), f"--query-gpu={','.join(SMI_FIELDS)}",
+             "--format=csv,noheader", "-lms", str(period_ms)],
+            stdout=out, stderr=subprocess.DEVNULL)
     except OSError:
       return None
     return cls(proc, path, period_ms, owns)
