@@ -6,7 +6,7 @@
 # In order of what each call can change (each fits one 600 s call):
 # 0. PART=wgradstore (any Hopper GPU; rebuild the library first): session 36 changed the weight-
 #    gradient kernel's bf16 epilogue (gather_wgrad.cuh: whole-sector stores), which the default
-#    runs for dW1 / dW2 where n <= 256. Its GPU tests first (every gathered varlen-K schedule
+#    runs for dW1 / dW2 where n <= 256 (dW2 also at n <= 512 with d <= 1024). Its GPU tests first (every gathered varlen-K schedule
 #    against float64, determinism, config 14's varlen-K, the layer with the in-GEMM gathers),
 #    then dW1 / dW2 alone at 120B-n512, 30B-n256 and 120B-n1024 (wgrad_kernels.py --time:
 #    gather, nocluster, plain), then the step at 120B-n512 and 30B-n512 with every gather in
