@@ -125,7 +125,7 @@ def _profile(args, records: list, smi) -> None:
     # one-after-the-other profile), so a later variant must not be the only one timed hot.
     samples = {spec: [] for spec in fns}
     round_totals = {spec: [] for spec in fns}
-    round_states = {spec: [] for spec in fns}
+    round_windows = {spec: [] for spec in fns}  # (start, stop) of each round's timing
     if iters < args.iters:
       print(f"  {iters} calls per round (the outputs of {args.iters} exceed "
             f"--outputs-gib {args.outputs_gib})", flush=True)
@@ -134,11 +134,14 @@ def _profile(args, records: list, smi) -> None:
         t0 = time.time()
         _, timings = profiler.measure(fn, aggregate=False, iterations=iters)(
             *prob.args, prob.dout)
-        round_states[spec].append(smi.interval(t0, time.time()) if smi is not None else None)
+        round_windows[spec].append((t0, time.time()))
         if iters == 1:  # measure() returns one call's list unwrapped
           timings = [timings]
         samples[spec].extend(timings)
         round_totals[spec].append(statistics.median(sum(t for _, t in it) for it in timings))
+    # The rounds' GPU states, read once all rounds ran (no pause between timings).
+    round_states = {spec: smi.intervals(w) if smi is not None else [None] * len(w)
+                    for spec, w in round_windows.items()}
     per_variant = {}
     for spec, timings in samples.items():
       names, med, total, kept = kernel_medians(timings)

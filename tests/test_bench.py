@@ -814,9 +814,12 @@ def test_smi_sampler_records_an_interval_and_cleans_up(tmp_path, monkeypatch):
     time.sleep(0.3)
     t0 = time.time()
     time.sleep(0.2)
-    state = smi.interval(t0, time.time())
+    t1 = time.time()
+    state = smi.interval(t0, t1)
+    both = smi.intervals([(t0, t1), (t0 - 100, t0 - 99)])  # the second before any sample
   finally:
     smi.stop()
+  assert both == [both[0], None] and both[0]["samples"] >= state["samples"]
   assert state is not None and state["samples"] >= 3
   assert (state["sm_mhz"], state["power_w"], state["temp_c_max"]) == (1830.0, 650.0, 61.0)
   assert state["reasons"] == ["sw-power-cap"]

@@ -170,11 +170,18 @@ class SmiSampler:
   def interval(self, start: float, stop: float) -> dict | None:
     """interval_state of [start, stop] (time.time() values), padded by one period; it waits
     out that period first so that the sample after ``stop`` has been written."""
+    return self.intervals([(start, stop)])[0]
+
+  def intervals(self, windows: list[tuple[float, float]]) -> list[dict | None]:
+    """interval() of each (start, stop), waiting once, for the last: a caller that times
+    back to back (interleaved rounds) collects the windows and asks afterwards, so that no
+    pause between its timings lets the GPU cool."""
     pad = self.period_ms / 1e3
-    wait = stop + 2 * pad - time.time()
+    wait = max((stop for _, stop in windows), default=0.0) + 2 * pad - time.time()
     if wait > 0:
       time.sleep(wait)
-    return interval_state(self.rows(), start, stop, pad=pad)
+    rows = self.rows()
+    return [interval_state(rows, start, stop, pad=pad) for start, stop in windows]
 
   def stop(self) -> None:
     if self._proc.poll() is None:
