@@ -307,6 +307,40 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// A thread's accumulator fragment `acc` of an output tile at d (leading dimension ld, a multiple
+// of 8), `coord` its (row, column) in the tile (TiledMma::partition_C of an identity tensor);
+// rows >= rows and columns >= cols (a multiple of 8) are not written. fp32: column pairs (c, c +
+// 1), c even, as one 8-byte store, whole 32-byte sectors per quad already. bf16: groups of 8
+// values through store_quad_16cols, one 16-byte store per lane (quad_groups_ok checks the
+// fragment layout this assumes). Every lane of the warp must call it (shuffles).
+template <class Out, class Coord, class Accum>
+__device__ __forceinline__ void store_acc_tile(Out* d, int64_t ld, int rows, int cols,
+                                               const Coord& coord, const Accum& acc,
+                                               int mma_tid) {
+  using namespace cute;
+  constexpr int kSize = decltype(size(coord))::value;
+  static_assert(kSize % 8 == 0, "groups of 8 accumulator values (quad_groups_ok)");
+  if constexpr (cute::is_same_v<Out, float>) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kSize; i += 2) {  // cols % 8 == 0 and c even: c + 1 < cols too
+      const int r = get<0>(coord(i)), c = get<1>(coord(i));
+      if (r < rows && c < cols) {
+        *reinterpret_cast<float2*>(d + int64_t(r) * ld + c) = make_float2(acc(i), acc(i + 1));
+      }
+    }
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kSize; g += 8) {
+      const int r = get<0>(coord(g)), c0 = get<1>(coord(g)) - 2 * (mma_tid & 3);
+      const uint32_t w[4] = {pack_bf16x2(acc(g), acc(g + 1)), pack_bf16x2(acc(g + 2), acc(g + 3)),
+                             pack_bf16x2(acc(g + 4), acc(g + 5)),
+                             pack_bf16x2(acc(g + 6), acc(g + 7))};
+      Bf16* row = d + int64_t(r) * ld + c0;
+      store_quad_16cols(w, row, row + 8 * ld, r < rows, r + 8 < rows, cols - c0);
+    }
+  }
+}
+
 // Host check of what store_quad_16cols assumes of a (kM, kN) tile's accumulator fragments under
 // TiledMma: every group of 8 values of thread t is the four pairs above, with r and c0 (a
 // multiple of 16) shared by the four lanes of t's quad.
@@ -698,32 +732,8 @@ struct GatherGemm {
   template <class Accum>
   static __device__ void store_tile(const Params& p, const TileCoord& tc, const Accum& acc,
                                     int mma_tid) {
-    using namespace cute;
-    Tensor coord = tile_coords(mma_tid);
-    constexpr int kSize = decltype(size(coord))::value;
-    static_assert(kSize % 8 == 0);
-    Out* d = p.d + int64_t(tc.row0) * p.n + tc.n0;
-    const int n_left = p.n - tc.n0;
-    if constexpr (cute::is_same_v<Out, float>) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kSize; i += 2) {  // (i, i + 1): (r, c), (r, c + 1), c even, N % 8 == 0
-        const int r = get<0>(coord(i)), c = get<1>(coord(i));
-        if (r < tc.rows && c < n_left) {
-          *reinterpret_cast<float2*>(d + int64_t(r) * p.n + c) = make_float2(acc(i), acc(i + 1));
-        }
-      }
-    } else {
-      CUTLASS_PRAGMA_UNROLL
-      for (int g = 0; g < kSize; g += 8) {
-        const int r = get<0>(coord(g)), c0 = get<1>(coord(g)) - 2 * (mma_tid & 3);
-        const uint32_t w[4] = {pack_bf16x2(acc(g), acc(g + 1)), pack_bf16x2(acc(g + 2), acc(g + 3)),
-                               pack_bf16x2(acc(g + 4), acc(g + 5)),
-                               pack_bf16x2(acc(g + 6), acc(g + 7))};
-        Bf16* row = d + int64_t(r) * p.n + c0;
-        store_quad_16cols(w, row, row + 8 * int64_t(p.n), r < tc.rows, r + 8 < tc.rows,
-                          n_left - c0);
-      }
-    }
+    store_acc_tile(p.d + int64_t(tc.row0) * p.n + tc.n0, p.n, tc.rows, p.n - tc.n0,
+                   tile_coords(mma_tid), acc, mma_tid);
   }
 
   // ---- Fused epilogues. Both rely on the WGMMA accumulator layout: each thread's fragment

@@ -558,39 +558,18 @@ struct GatherWgrad {
   }
 
   // D_e's (BM, BN) tile at d (leading dimension ld) from the accumulators; rows >= rows and
-  // columns >= cols are not written (cols and ld multiples of 8). fp32: column pairs as one
-  // 8-byte store, whole 32-byte sectors per quad. bf16: store_quad_16cols (gather_gemm.cuh), one
-  // 16-byte store of 8 consecutive columns per lane; as 4-byte pairs each warp store filled half
-  // of every sector it touched, the pattern that held config 14's down_proj at half CUTLASS's
-  // speed until session 31 (checked on the host by quad_groups_ok).
+  // columns >= cols are not written (cols and ld multiples of 8). store_acc_tile
+  // (gather_gemm.cuh): bf16 as 16-byte stores of 8 columns per lane. Until session 36 this
+  // kernel stored 4-byte pairs, each warp store filling half of every sector it touched, the
+  // pattern that held config 14's down_proj at half CUTLASS's speed until session 31.
   template <class Accum>
   static __device__ void store(Out* d, int64_t ld, int rows, int cols, const Accum& acc,
                                int mma_tid) {
     using namespace cute;
-    Tensor coord = TiledMma{}.get_slice(mma_tid).partition_C(
-        make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{})));
-    if constexpr (cute::is_same_v<Out, float>) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc); i += 2) {
-        // cols % 8 == 0 and c even: c + 1 < cols too.
-        const int r = get<0>(coord(i)), c = get<1>(coord(i));
-        if (r < rows && c < cols) {
-          *reinterpret_cast<float2*>(d + int64_t(r) * ld + c) = make_float2(acc(i), acc(i + 1));
-        }
-      }
-    } else {
-      constexpr int kSize = decltype(size(coord))::value;
-      static_assert(kSize % 8 == 0, "groups of 8 accumulator values (quad_groups_ok)");
-      CUTLASS_PRAGMA_UNROLL
-      for (int g = 0; g < kSize; g += 8) {
-        const int r = get<0>(coord(g)), c0 = get<1>(coord(g)) - 2 * (mma_tid & 3);
-        const uint32_t w[4] = {pack_bf16x2(acc(g), acc(g + 1)), pack_bf16x2(acc(g + 2), acc(g + 3)),
-                               pack_bf16x2(acc(g + 4), acc(g + 5)),
-                               pack_bf16x2(acc(g + 6), acc(g + 7))};
-        Out* row = d + int64_t(r) * ld + c0;
-        store_quad_16cols(w, row, row + 8 * ld, r < rows, r + 8 < rows, cols - c0);
-      }
-    }
+    store_acc_tile(d, ld, rows, cols,
+                   TiledMma{}.get_slice(mma_tid).partition_C(
+                       make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{}))),
+                   acc, mma_tid);
   }
 
   static __device__ Pipeline make_pipeline(SharedStorage& smem, int wg) {

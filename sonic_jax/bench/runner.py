@@ -289,7 +289,7 @@ class Runner:
     runs of the same code on different days differed by up to 9 %, and the timing alone cannot
     say whether the clock did."""
     meta = self.doc["meta"]
-    if not self.opts.gpu_state_ms or self.doc["meta"]["platform"] != "gpu":
+    if not self.opts.gpu_state_ms or meta["platform"] != "gpu":
       meta["gpu_state"] = "off"
       return
     self._smi = SmiSampler.start(period_ms=self.opts.gpu_state_ms)
