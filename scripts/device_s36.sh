@@ -46,7 +46,7 @@ bench)
     OUT=$OUT PART=bench bash scripts/device_s35.sh | grep -v "^== \[.*\] done"
   ;;
 memcheck_new)
-  memcheck "${MC_S:-540}" tests/test_ffi.py -k "${MC_K:-(every_gemm_schedule and (TMA_AB or \
+  memcheck_each "${MC_S:-540}" tests/test_ffi.py "${MC_K:-(every_gemm_schedule and (TMA_AB or \
 PINGPONG_128x128_C1x1 or PINGPONG_64x256)) or (gathered_gemm_matches_fp32 and PINGPONG and \
 token_rounding) or dswiglu_warp or in_order_swiglu or scatter_rows_matches}"
   ;;
