@@ -4,6 +4,10 @@
 on the default device and accepts the call's shapes and dtypes (its ``validate``), else on
 ``xla``: ``select_backend`` makes that choice, ``resolve_backend("auto", d=..., n=...).name``
 says which backend a (d, n) layer gets when its dtypes and sizes suit it.
+
+Besides the three backends, ``"pallas+ffi"`` names a combination (``COMBINED``): the ``pallas``
+forward (up_proj, down_proj, combine) with the ``ffi`` backward GEMMs (dh, dw2, dx_pairs, dw1),
+a ``MixedKernels``. ``auto`` puts it first where n <= PALLAS_FFI_MAX_N; it can be named too.
 """
 
 from __future__ import annotations
@@ -34,12 +38,35 @@ AUTO_ORDER = ("pallas", "ffi", "xla")
 # against 4.88 at Mixtral-8x7B): pass backend="pallas" to keep the smaller one.
 FFI_FIRST_MIN_N = 512
 
+# Named combinations of two backends: name -> (base backend, {entry point: backend}).
+PALLAS_FFI = "pallas+ffi"
+COMBINED: dict[str, tuple[str, dict[str, str]]] = {
+    PALLAS_FFI: ("pallas", {"dh": "ffi", "dw2": "ffi", "dx_pairs": "ffi", "dw1": "ffi"}),
+}
+# Where the shape is known and n <= PALLAS_FFI_MAX_N, auto tries "pallas+ffi" first: each
+# backend's half is the faster one there. Layer step (forward+backward), kernel ms, pallas / ffi /
+# pallas+ffi, interleaved in one process (session 37, benchmarks/results/s37-2026-12-07.md):
+# - H200: 1.4B-n256 3.202 / 3.242 / 3.092, 7B-n256 3.571 / 3.447 / 3.336, 30B-n256 21.948 /
+#   21.778 / 21.815 (power-capped clocks, within the spread).
+# - H100: 7B-n256 3.947 / 3.787 / 3.702, 1.4B-n256 3.556 / 3.639 / 3.485; the layer benchmark
+#   (f+b ms) 1.4B-n256 3.578 / 3.673 / 3.521, 7B-n256 3.975 / 3.824 / 3.738, 30B-n256 23.309 /
+#   23.501 / 22.984.
+# At n = 512 it won no config by more than the spread (H200 1.4B-n512 2.887 / 2.798 / 2.775,
+# 7B-n512 3.153 / 3.029 / 3.058; 30B-n512 and H100 120B-n512 under power capping), so ffi
+# stays first there.
+PALLAS_FFI_MAX_N = 256
+
 
 def auto_order(d: int | None = None, n: int | None = None) -> tuple[str, ...]:
   """The backends ``backend="auto"`` tries, fastest first, for model width d and expert width n
-  (``AUTO_ORDER`` where either is unknown; the rule itself reads n only)."""
-  if d is not None and n is not None and n >= FFI_FIRST_MIN_N:
+  (``AUTO_ORDER`` where either is unknown; the rule itself reads n only). Names come from
+  BACKENDS and COMBINED."""
+  if d is None or n is None:
+    return AUTO_ORDER
+  if n >= FFI_FIRST_MIN_N:
     return ("ffi", "pallas", "xla")
+  if n <= PALLAS_FFI_MAX_N:
+    return (PALLAS_FFI, "pallas", "ffi", "xla")
   return AUTO_ORDER
 
 
@@ -73,17 +100,31 @@ _LOADERS: dict[str, Callable[[], ExpertKernels]] = {
     "xla": _load_xla, "pallas": _load_pallas, "ffi": _load_ffi}
 
 
+def _load_combined(name: str) -> ExpertKernels:
+  """COMBINED[name] as a MixedKernels named ``name``; BackendUnavailableError (saying which part
+  is missing) where either backend is."""
+  from sonic_jax.mixed import MixedKernels
+  base, entries = COMBINED[name]
+  try:
+    return MixedKernels(_resolve_name(base), name=name,
+                        **{entry: _resolve_name(b) for entry, b in entries.items()})
+  except BackendUnavailableError as e:
+    raise BackendUnavailableError(f"backend={name!r} is not available: {e}") from None
+
+
 def validate_backend_name(backend) -> None:
   if isinstance(backend, ExpertKernels):
     return
-  if backend != "auto" and backend not in BACKENDS:
+  if backend != "auto" and backend not in BACKENDS and backend not in COMBINED:
     raise ValueError(
-        f"backend must be 'auto', one of {BACKENDS} or an ExpertKernels instance, got "
-        f"{backend!r}")
+        f"backend must be 'auto', one of {BACKENDS + tuple(COMBINED)} or an ExpertKernels "
+        f"instance, got {backend!r}")
 
 
 @functools.cache
 def _resolve_name(name: str) -> ExpertKernels:
+  if name in COMBINED:
+    return _load_combined(name)
   return _LOADERS[name]()
 
 
@@ -153,6 +194,6 @@ def available_backends() -> list[str]:
   return [name for name in BACKENDS if _available(name) is not None]
 
 
-__all__ = ["BACKENDS", "AUTO_ORDER", "FFI_FIRST_MIN_N",
-           "BackendUnavailableError", "auto_order", "available_backends", "resolve_backend",
+__all__ = ["BACKENDS", "AUTO_ORDER", "COMBINED", "FFI_FIRST_MIN_N", "PALLAS_FFI",
+           "PALLAS_FFI_MAX_N", "BackendUnavailableError", "auto_order", "available_backends", "resolve_backend",
            "select_backend"]

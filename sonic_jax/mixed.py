@@ -27,12 +27,13 @@ class MixedKernels(ExpertKernels):
 
   Args:
     base: the backend of the entry points not named.
+    name: what ``.name`` says (default "mixed"; ``backends.COMBINED``'s entries use their name).
     **overrides: entry point name (one of ENTRY_POINTS) -> the ExpertKernels that runs it.
   """
 
   name = "mixed"
 
-  def __init__(self, base: ExpertKernels, **overrides: ExpertKernels):
+  def __init__(self, base: ExpertKernels, *, name: str = "mixed", **overrides: ExpertKernels):
     if not isinstance(base, ExpertKernels):
       raise ValueError(f"base must be an ExpertKernels instance, got {type(base).__name__}")
     for entry, kern in overrides.items():
@@ -48,6 +49,7 @@ class MixedKernels(ExpertKernels):
     # Entry points that name the base backend are the base's: one spelling per configuration.
     self.overrides = {k: v for k, v in sorted(overrides.items()) if v != base}
     self.dw1_last = base.dw1_last
+    self.name = name
 
   def backend_of(self, entry: str) -> ExpertKernels:
     """The backend that runs ``entry``."""
@@ -66,7 +68,8 @@ class MixedKernels(ExpertKernels):
     return type(other) is type(self) and other._key() == self._key()
 
   def __repr__(self):
-    parts = [repr(self.base)] + [f"{k}={v!r}" for k, v in self.overrides.items()]
+    parts = [repr(self.base)] + ([f"name={self.name!r}"] if self.name != "mixed" else []) + [
+        f"{k}={v!r}" for k, v in self.overrides.items()]
     return f"MixedKernels({', '.join(parts)})"
 
   def validate(self, x, plan, w1, w2) -> None:

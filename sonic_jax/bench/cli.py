@@ -34,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                   help=f"groups ({', '.join(GROUPS)}), config names or T,d,n,E,K "
                        "(default: 'all' on a GPU, 'tiny' elsewhere)")
   ap.add_argument("--backends", default="auto",
-                  help="comma list of xla, pallas, ffi, pallas-interpret, or 'auto' (default: "
-                       "xla, pallas, ffi; those that cannot run here are reported with the "
-                       "reason), or 'none'")
+                  help="comma list of xla, pallas, ffi, pallas+ffi, pallas-interpret, or "
+                       "'auto' (default: xla, pallas, ffi, pallas+ffi; those that cannot run "
+                       "here are reported with the reason), or 'none'")
   ap.add_argument("--baselines", default="all",
                   help=f"comma list of {', '.join(BASELINES)}, or 'all' (default) or 'none'")
   ap.add_argument("--routing", choices=("topk", "tr"), default="topk",
@@ -83,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_impls(backends: str, baselines: str) -> list[str]:
-  from sonic_jax.backends import BACKENDS
+  from sonic_jax.backends import BACKENDS, COMBINED
   if backends == "auto":
-    names = list(BACKENDS)  # the unavailable ones get a row that says why
+    names = list(BACKENDS) + list(COMBINED)  # the unavailable ones get a row that says why
   elif backends == "none":
     names = []
   else:

@@ -74,7 +74,7 @@ class Impl:
 
 @dataclasses.dataclass
 class SonicBackend(Impl):
-  """A sonic_jax backend; ``spec`` is 'xla', 'pallas', 'ffi' or 'pallas-interpret'."""
+  """A sonic_jax backend; ``spec`` is 'xla', 'pallas', 'ffi', 'pallas+ffi' or 'pallas-interpret'."""
 
   spec_name: str = "xla"
   _kernels: object = None
@@ -257,8 +257,10 @@ BASELINES = ("mgpu-grouped", "tokamax", "lax-ragged", "sonicmoe-torch", "dense-c
 
 
 def make_impl(name: str) -> Impl:
-  """'xla' | 'pallas' | 'ffi' | 'pallas-interpret' | one of BASELINES."""
-  if name in ("xla", "pallas", "ffi", "pallas-interpret"):
+  """'xla' | 'pallas' | 'ffi' | 'pallas+ffi' (backends.COMBINED) | 'pallas-interpret' | one of
+  BASELINES."""
+  from sonic_jax.backends import COMBINED
+  if name in ("xla", "pallas", "ffi", "pallas-interpret") or name in COMBINED:
     return SonicBackend(name, "backend", spec_name=name)
   if name == "mgpu-grouped":
     return PlainMoE(name, "baseline", gemm="mgpu")

@@ -160,8 +160,9 @@ def section(docs: list[tuple[str, dict]], readme: str) -> str:
     if score:
       lines += ["Against the targets, forward+backward TFLOP/s over the reference's (configs "
                 "below; the paper's f+b is 18 / (6 / fwd + 12 / bwd) of its H100 figures; "
-                "`auto`: per config the row of the backend `sonic_jax.auto_order(d, n)` puts "
-                "first, what `backend=\"auto\"` runs there; `sonic_jax.bench.targets`):", ""]
+                "`auto`: per config the row of the first backend of `sonic_jax.auto_order(d, n)` "
+                "that the run measured, what `backend=\"auto\"` runs there where the run "
+                "measured its first choice; `sonic_jax.bench.targets`):", ""]
       lines += score + [""]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("| --- | --- |" + " ---: |" * (len(header) - 2))
