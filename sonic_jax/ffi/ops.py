@@ -298,7 +298,7 @@ def dswiglu(da: jax.Array, h: jax.Array, s: jax.Array, group_offsets: jax.Array,
   """da (P, n) fp32, h (P, 2n) bf16, s (P,) fp32 -> dH (P, 2n), A' (P, n) bf16, dS (P,) fp32.
 
   warp_per_row: a warp per row instead of a 256-thread block per row (the same dH and A'; dS
-  summed in another order). Not yet run on a GPU (docs/ffi.md).
+  summed in another order); FfiKernels' default since session 20 (docs/ffi.md).
   """
   p, n = da.shape
   return _call("sonic_jax_dswiglu",

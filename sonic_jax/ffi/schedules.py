@@ -95,7 +95,8 @@ class GemmConfig(enum.IntEnum):
   GATHER_PINGPONG_64x256_C2x1 = 15
   GATHER_PINGPONG_64x256_C1 = 16
   TMA_AB_PINGPONG_64x256_C1 = 17
-  # Session 35 (varlen-M bf16 kinds, for the sweep; compiled, not yet run on a GPU): CUTLASS's
+  # Session 35 (varlen-M bf16 kinds, for the sweep; GPU-tested in session 37, where they won no
+  # GEMM at 120B-n512 or the n = 256 configs: benchmarks/results/s37-2026-12-07.md): CUTLASS's
   # ping-pong without a cluster. The cooperative 128 x 256 tile beat its 2 x 1 cluster form at
   # every shape swept since session 28, and ping-pong was only timed over that cluster (12, 0);
   # down_proj at n = 256 (four K blocks per tile) is the GEMM furthest from dense (0.66-0.71x on
