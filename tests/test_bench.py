@@ -458,6 +458,7 @@ def test_bench_variants_parse_gathers_and_options():
   from sonic_jax.pallas.dh import dh_config_for
 
   assert kernels_for("xla") == "xla" and kernels_for("auto") == "auto"
+  assert kernels_for("pallas+ffi") == "pallas+ffi"  # a backends.COMBINED name, not a mix spec
   assert kernels_for("auto+dw1=xla", 4096, 1024).base.name == "xla"  # auto on the CPU is xla
   k = kernels_for("pallas")
   assert (k.backward_gathers, k.dw1_last, k.config.dh) == ("auto", True, None)

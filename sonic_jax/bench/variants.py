@@ -1,9 +1,10 @@
 """Backend variants named on the command line of the diagnostic benchmarks.
 
-``xla``, ``auto`` (``backend="auto"``: per config the backend ``sonic_jax.auto_order(d, n)``
-picks), or ``pallas[:<backward_gathers>][:<option>...]``. Options: ``dw1-early`` (dW1 where XLA
-schedules it, ``PallasKernels(dw1_last=False)``), ``dh-ring`` (dh on the warp-specialized ring
-kernel fed by TMA, ``DhConfig(ring=True)``, 3 stages), ``row_gather=<impl>`` (the backward's
+``xla``, ``pallas+ffi`` (``backends.COMBINED``), ``auto`` (``backend="auto"``: per config the
+backend ``sonic_jax.auto_order(d, n)`` picks), or ``pallas[:<backward_gathers>][:<option>...]``.
+Options: ``dw1-early`` (dW1 where XLA schedules it, ``PallasKernels(dw1_last=False)``),
+``dh-ring`` (dh on the warp-specialized ring kernel fed by TMA, ``DhConfig(ring=True)``, 3
+stages), ``row_gather=<impl>`` (the backward's
 pre-gathered dO / x rows: ``PallasKernels(row_gather=...)``, xla, jax_triton or
 pallas_triton; default auto), ``pingpong[=<kernel>[/<kernel>...]]`` (the forward GEMMs named,
 default up_proj, down_proj and dx_pairs, on ``configs.pingpong_config``'s ping-pong ring
@@ -134,10 +135,11 @@ def _ffi_kernels(spec: str):
 def kernels_for(spec: str, d: int | None = None, n: int | None = None):
   """The ExpertKernels (or backend name) that ``spec`` names for model width ``d`` and expert
   width ``n`` (needed by the config options); SystemExit on a bad spec."""
+  from sonic_jax.backends import COMBINED
+  if spec in ("xla", "auto") or spec in COMBINED:
+    return spec
   if "+" in spec:
     return _mixed_kernels(spec, d, n)
-  if spec in ("xla", "auto"):
-    return spec
   if spec == "ffi" or spec.startswith("ffi:"):
     return _ffi_kernels(spec)
   name, *rest = spec.split(":")
