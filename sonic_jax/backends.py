@@ -195,5 +195,5 @@ def available_backends() -> list[str]:
 
 
 __all__ = ["BACKENDS", "AUTO_ORDER", "COMBINED", "FFI_FIRST_MIN_N", "PALLAS_FFI",
-           "PALLAS_FFI_MAX_N", "BackendUnavailableError", "auto_order", "available_backends", "resolve_backend",
-           "select_backend"]
+           "PALLAS_FFI_MAX_N", "BackendUnavailableError", "auto_order", "available_backends",
+           "resolve_backend", "select_backend"]

@@ -74,7 +74,8 @@ class Impl:
 
 @dataclasses.dataclass
 class SonicBackend(Impl):
-  """A sonic_jax backend; ``spec`` is 'xla', 'pallas', 'ffi', 'pallas+ffi' or 'pallas-interpret'."""
+  """A sonic_jax backend; ``spec`` is 'xla', 'pallas', 'ffi', 'pallas+ffi' (backends.COMBINED)
+  or 'pallas-interpret'."""
 
   spec_name: str = "xla"
   _kernels: object = None
