@@ -17,7 +17,8 @@ def add_lm_args(p: argparse.ArgumentParser, *, steps: int) -> None:
   p.add_argument("--top-k", type=int, default=2)
   p.add_argument("--d-ff", type=int, default=128)
   p.add_argument("--routing", default="topk", choices=["topk", "token_rounding"])
-  p.add_argument("--backend", default="auto", choices=["auto", "xla", "pallas", "ffi"])
+  p.add_argument("--backend", default="auto",
+                 choices=["auto", "xla", "pallas", "ffi", "pallas+ffi"])
   p.add_argument("--dtype", default=None, help="compute dtype (default: bf16 on GPU, f32 on CPU)")
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--seed", type=int, default=0)
