@@ -55,6 +55,8 @@ COMBINED: dict[str, tuple[str, dict[str, str]]] = {
 # 7B-n512 3.153 / 3.029 / 3.058; 30B-n512 and H100 120B-n512 under power capping), so ffi
 # stays first there.
 PALLAS_FFI_MAX_N = 256
+# Every name ``backend=`` takes besides "auto".
+NAMES = BACKENDS + tuple(COMBINED)
 
 
 def auto_order(d: int | None = None, n: int | None = None) -> tuple[str, ...]:
@@ -96,10 +98,6 @@ def _load_ffi() -> ExpertKernels:
   return FfiKernels()
 
 
-_LOADERS: dict[str, Callable[[], ExpertKernels]] = {
-    "xla": _load_xla, "pallas": _load_pallas, "ffi": _load_ffi}
-
-
 def _load_combined(name: str) -> ExpertKernels:
   """COMBINED[name] as a MixedKernels named ``name``; BackendUnavailableError (saying which part
   is missing) where either backend is."""
@@ -112,19 +110,22 @@ def _load_combined(name: str) -> ExpertKernels:
     raise BackendUnavailableError(f"backend={name!r} is not available: {e}") from None
 
 
+_LOADERS: dict[str, Callable[[], ExpertKernels]] = {
+    "xla": _load_xla, "pallas": _load_pallas, "ffi": _load_ffi,
+    **{name: functools.partial(_load_combined, name) for name in COMBINED}}
+
+
 def validate_backend_name(backend) -> None:
   if isinstance(backend, ExpertKernels):
     return
-  if backend != "auto" and backend not in BACKENDS and backend not in COMBINED:
+  if backend != "auto" and backend not in NAMES:
     raise ValueError(
-        f"backend must be 'auto', one of {BACKENDS + tuple(COMBINED)} or an ExpertKernels "
-        f"instance, got {backend!r}")
+        f"backend must be 'auto', one of {NAMES} or an ExpertKernels instance, got "
+        f"{backend!r}")
 
 
 @functools.cache
 def _resolve_name(name: str) -> ExpertKernels:
-  if name in COMBINED:
-    return _load_combined(name)
   return _LOADERS[name]()
 
 
@@ -194,6 +195,6 @@ def available_backends() -> list[str]:
   return [name for name in BACKENDS if _available(name) is not None]
 
 
-__all__ = ["BACKENDS", "AUTO_ORDER", "COMBINED", "FFI_FIRST_MIN_N", "PALLAS_FFI",
+__all__ = ["BACKENDS", "AUTO_ORDER", "COMBINED", "FFI_FIRST_MIN_N", "NAMES", "PALLAS_FFI",
            "PALLAS_FFI_MAX_N", "BackendUnavailableError", "auto_order", "available_backends",
            "resolve_backend", "select_backend"]

@@ -83,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_impls(backends: str, baselines: str) -> list[str]:
-  from sonic_jax.backends import BACKENDS, COMBINED
+  from sonic_jax.backends import NAMES
   if backends == "auto":
-    names = list(BACKENDS) + list(COMBINED)  # the unavailable ones get a row that says why
+    names = list(NAMES)  # the unavailable ones get a row that says why
   elif backends == "none":
     names = []
   else:

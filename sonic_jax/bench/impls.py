@@ -260,8 +260,8 @@ BASELINES = ("mgpu-grouped", "tokamax", "lax-ragged", "sonicmoe-torch", "dense-c
 def make_impl(name: str) -> Impl:
   """'xla' | 'pallas' | 'ffi' | 'pallas+ffi' (backends.COMBINED) | 'pallas-interpret' | one of
   BASELINES."""
-  from sonic_jax.backends import COMBINED
-  if name in ("xla", "pallas", "ffi", "pallas-interpret") or name in COMBINED:
+  from sonic_jax.backends import NAMES
+  if name in NAMES or name == "pallas-interpret":
     return SonicBackend(name, "backend", spec_name=name)
   if name == "mgpu-grouped":
     return PlainMoE(name, "baseline", gemm="mgpu")
