@@ -50,10 +50,19 @@ memcheck() {
   local secs=$1 file=$2
   shift 2
   echo "== [$(since) s] memcheck"
-  XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
-    timeout "$secs" compute-sanitizer --tool memcheck $PY -m pytest -m gpu -q \
-    -p no:cacheprovider "$file" "$@" > "$OUT/memcheck.log" 2>&1
+  sanitized_pytest "$secs" "$OUT/memcheck.log" -q "$file" "$@"
   grep -E "ERROR SUMMARY|passed|failed|Invalid" "$OUT/memcheck.log" | head -n 20
+}
+
+# sanitized_pytest SECONDS LOG PYTEST_ARGS...: the marked GPU tests under compute-sanitizer
+# memcheck, with the XLA settings memcheck above explains; output in LOG, pytest's status
+# (or timeout's, or the crash's) returned.
+sanitized_pytest() {
+  local secs=$1 log=$2
+  shift 2
+  XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
+    timeout "$secs" compute-sanitizer --tool memcheck $PY -m pytest -m gpu \
+    -p no:cacheprovider "$@" > "$log" 2>&1
 }
 
 # memcheck_each SECONDS FILE EXPR: memcheck as above, but a crash of the sanitized process
@@ -70,9 +79,7 @@ memcheck_each() {
     left=$(( end - $(date +%s) ))
     (( left > 30 )) || { echo "memcheck: out of time" | tee -a "$OUT/memcheck.log"; break; }
     round=$((round + 1))
-    XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_FLAGS=--xla_gpu_autotune_level=0 \
-      timeout "$left" compute-sanitizer --tool memcheck $PY -m pytest -m gpu -v \
-      -p no:cacheprovider "$file" -k "$expr" "${skip[@]}" > "$OUT/memcheck-$round.log" 2>&1
+    sanitized_pytest "$left" "$OUT/memcheck-$round.log" -v "$file" -k "$expr" "${skip[@]}"
     rc=$?
     cat "$OUT/memcheck-$round.log" >> "$OUT/memcheck.log"
     mapfile -t seen < <(grep -oE "^$file::[^ ]+" "$OUT/memcheck-$round.log")
