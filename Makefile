@@ -4,7 +4,7 @@ PYTHON ?= $(shell scripts/find_python.sh)
 VENV ?= .venv
 PYTEST_ARGS ?= -q -n 2
 
-.PHONY: setup train test
+.PHONY: setup train test lint
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -19,3 +19,6 @@ train: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .

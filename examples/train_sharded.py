@@ -15,6 +15,7 @@ token exchange). Prints loss and tokens/s (steady state, compile excluded).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -110,8 +111,8 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     ce = float(train_step(model, optimizer, inputs, targets))
     dt = time.perf_counter() - t0
-    if ce != ce:
-      raise FloatingPointError(f"loss became NaN at step {step}")
+    if not math.isfinite(ce):
+      raise FloatingPointError(f"loss became {ce} at step {step}")
     losses.append(ce)
     if step >= 2:  # steps 1-2 compile (step 2 may recompile for the updated param layouts)
       times.append(dt)

@@ -63,7 +63,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sonic_jax.backends import validate_backend_name
 from sonic_jax.experts import moe_experts, moe_top_k
 from sonic_jax.kernels import ExpertKernels
-from sonic_jax.nn import LOGICAL_AXES, MoE
+from sonic_jax.nn import MoE
 from sonic_jax.routing import (RoutingPlan, TokenRounding, balance_loss, route,
                                validate_router_args, validate_routing_args)
 from sonic_jax.triton import validate_route_impl  # imports without jax-triton

@@ -1162,11 +1162,6 @@ def _gather_problem(case: str, kind: GemmKind):
     # multiple of the tile N), E = 5.
     t, k, n, e = 333, 200, 136, 5
     plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
-  elif case == "long_groups":  # groups over several 1024-row index chunks (the kernel's row
-    t, m, nn, e = 2600, D, 2 * N, 3  # staging), ending mid-chunk, and an empty expert between
-    scores = jax.random.uniform(jax.random.key(23), (t,), jnp.float32, 0.1, 1.0)
-    plan = RoutingPlan.from_assignments(jnp.arange(t), jnp.where(jnp.arange(t) < 2200, 0, 2),
-                                        scores, num_tokens=t, num_experts=e, top_k=1)
   else:
     t, k, n, e = T, D, 2 * N, E
     plan = _plans(T, E)[case]
@@ -1375,11 +1370,6 @@ def _fused_problem(case: str):
   if case == "ragged":
     t, d, n, e = 333, 200, 136, 5
     plan = route_logits(jax.random.normal(jax.random.key(21), (t, e)), top_k=3)
-  elif case == "long_groups":  # groups over several 1024-row index chunks (the kernel's row
-    t, m, nn, e = 2600, D, 2 * N, 3  # staging), ending mid-chunk, and an empty expert between
-    scores = jax.random.uniform(jax.random.key(23), (t,), jnp.float32, 0.1, 1.0)
-    plan = RoutingPlan.from_assignments(jnp.arange(t), jnp.where(jnp.arange(t) < 2200, 0, 2),
-                                        scores, num_tokens=t, num_experts=e, top_k=1)
   else:
     t, d, n, e = T, D, N, E
     plan = _plans(T, E)[case]

@@ -11,8 +11,6 @@ used for dx.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -44,7 +42,7 @@ def combine(y: jax.Array, plan: RoutingPlan, scores: jax.Array | None, out_dtype
   segment_sum instead. addend: None or (T, d), added to the fp32 sum (in XLA's fusion; after
   the kernel's output for the kernel).
   """
-  num_tokens, d = plan.num_tokens, y.shape[1]
+  d = y.shape[1]
   config = config or combine_config(d)
   if config.impl == "xla" or plan.top_k is None:
     total = combine_sum_f32(y, plan, scores)
@@ -59,7 +57,7 @@ def _kernel_combine(y, plan: RoutingPlan, scores, out_dtype, config: CombineConf
                     interpret) -> jax.Array:
   num_tokens, d = plan.num_tokens, y.shape[1]
   validate_combine(d, config)
-  k_top, bt, bd = plan.top_k, config.block_t, config.block_d
+  k_top, bt = plan.top_k, config.block_t
   t_pad = max(num_tokens, bt)
   idx = plan.reverse_idx.reshape(num_tokens, k_top).T.astype(jnp.int32)  # (K, T)
   if t_pad != num_tokens:
