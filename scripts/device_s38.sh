@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 38's device calls. Carry the built library (ABI 15, csrc unchanged since 8f3d141):
+# Session 38's device calls; no device was lent in session 38, so none has run yet. Carry the built library (ABI 15, csrc unchanged since 8f3d141):
 #   run(command="PART=autobench,mix512 bash scripts/device_s38.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"], kind="nvidia-h200")
 # autobench: scripts/device_s37.sh's part (auto's GPU test, then the layer benchmark of pallas,
@@ -16,6 +16,8 @@
 #   - pallas+dh/dw2/dx_pairs=ffi+dw1=ffi:wgrad-gather=dw1: that, dW1 through gather_idx;
 #   - pallas+dw2/dx_pairs/dw1=ffi:wgrad-gather=both: pallas' dh too (dO gathered in its
 #     kernel), so dW2 reads dO through gather_idx and no row of x or dO is ever scattered.
+# mix256: the same question where auto runs pallas+ffi (n <= 256, where ffi's defaults already
+#   read x and dO through gather_idx in dh, dW1 and dW2): pallas+ffi against pallas' dh in it.
 # mem: the compiled step's memory of those variants (benchmarks/memory_report.py).
 set -uo pipefail
 source scripts/device_env.sh
@@ -37,6 +39,11 @@ mix512)
 mix1024)
   PROF_TAG=mix1024 kernel_profile "${PROF_S:-330}" \
     "${PROF_CONFIGS:-paper-1.4B-n1024,paper-30B-n1024,paper-120B-n1024}" "$MIX_VARIANTS" 0.05
+  ;;
+mix256)
+  PROF_TAG=mix256 kernel_profile "${PROF_S:-300}" \
+    "${PROF_CONFIGS:-paper-1.4B-n256,paper-7B-n256,paper-30B-n256}" \
+    "pallas+ffi,pallas+dw2/dx_pairs/dw1=ffi,ffi,pallas" 0.05
   ;;
 mem)
   memory_report "${MEM_S:-200}" 8 "${MEM_CONFIGS:-paper-120B-n1024,paper-120B-n512}" \
