@@ -1,6 +1,7 @@
 """The device-call shell helpers (scripts/device_env.sh) that can be checked without a GPU."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -65,3 +66,23 @@ def test_memcheck_each_resumes_past_a_crash(tmp_path):
   assert "test_d PASSED" in second
   assert "test_a" not in second and "test_c" not in second
   assert not (out / "memcheck-3.log").exists()
+
+
+def _newest_device_script() -> str:
+  names = [n for n in os.listdir(os.path.join(ROOT, "scripts"))
+           if re.fullmatch(r"device_s\d+\.sh", n)]
+  return os.path.join(ROOT, "scripts", max(names, key=lambda n: int(n[8:-3])))
+
+
+def test_newest_device_script_variants_parse():
+  """Every variant list quoted in the newest device script names variants that
+  ``sonic_jax.bench.variants.kernels_for`` builds (a typo would otherwise cost a device call):
+  each spec at an n = 256 and an n = 512 shape."""
+  from sonic_jax.bench.variants import kernels_for
+  with open(_newest_device_script()) as f:
+    lists = re.findall(r'"((?:pallas|ffi|xla)[^"$]*)"', f.read())
+  specs = {spec for lst in lists for spec in lst.split(",")}
+  assert specs, "no quoted variant list found"
+  for spec in sorted(specs):
+    for d, n in ((1536, 256), (4096, 512)):
+      kernels_for(spec, d, n)  # SystemExit on a bad spec
