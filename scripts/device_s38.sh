@@ -4,7 +4,8 @@
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"], kind="nvidia-h200")
 # autobench: scripts/device_s37.sh's part (auto's GPU test, then the layer benchmark of pallas,
 #   ffi and pallas+ffi at the n = 256 paper configs), for the README's H200 table.
-# mix512 / mix1024: which backend runs each entry point where n >= 512, where auto runs ffi.
+# mix512 / mix1024: (mix512 first runs the GPU layer tests of the mixes against xla, the new
+#   one included) which backend runs each entry point where n >= 512, where auto runs ffi.
 #   The session-37 profiles (H100, 120B-n512) had pallas ahead on up_proj (7.20 against
 #   scatter 1.68 + 6.80 + SwiGLU 0.52 ms) and on dh (5.13 in one kernel against scatter 1.67 +
 #   3.64 + dSwiGLU 1.25), ffi ahead on dW2 (3.65 against 5.50) and dW1 (7.74 against 8.92).
@@ -33,6 +34,8 @@ autobench)
     ${BENCH_CONFIGS:-paper-1.4B-n256 paper-7B-n256 paper-30B-n256}
   ;;
 mix512)
+  [[ -f "$OUT/gpu-tests.log" ]] && mv "$OUT/gpu-tests.log" "$OUT/gpu-tests-autobench.log"
+  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "layer_forward_backward_matches_xla and mixed"
   PROF_TAG=mix512 kernel_profile "${PROF_S:-330}" \
     "${PROF_CONFIGS:-paper-7B-n512,paper-30B-n512,paper-120B-n512}" "$MIX_VARIANTS" 0.05
   ;;

@@ -943,6 +943,11 @@ _LAYER_BACKENDS = {"gather_rows": FfiKernels(), "fused_gather": FfiKernels(fused
                    "mixed_pallas_wgrad": MixedKernels(PallasKernels(),
                                                       dw1=FfiKernels(wgrad_gather=True),
                                                       dw2=FfiKernels(wgrad_gather=True)),
+                   # pallas' forward and dh, ffi's dx_pairs and dW1 / dW2 reading x / dO
+                   # through gather_idx (docs/ffi.md, 120B-n512's lever 5).
+                   "mixed_pallas_dh_ffi_wgrad": MixedKernels(
+                       PallasKernels(), dx_pairs=FfiKernels(),
+                       dw1=FfiKernels(wgrad_gather="both"), dw2=FfiKernels(wgrad_gather="both")),
                    "mixed_ffi_base": MixedKernels(FfiKernels(dswiglu="warp"),
                                                   down_proj=PallasKernels(), dh=PallasKernels(),
                                                   dw2=PallasKernels())}
