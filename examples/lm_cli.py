@@ -18,7 +18,7 @@ def add_lm_args(p: argparse.ArgumentParser, *, steps: int) -> None:
   p.add_argument("--d-ff", type=int, default=128)
   p.add_argument("--routing", default="topk", choices=["topk", "token_rounding"])
   p.add_argument("--backend", default="auto",
-                 choices=["auto", "xla", "pallas", "ffi", "pallas+ffi"])
+                 choices=["auto", "xla", "pallas", "ffi", "pallas+ffi", "pallas+ffi-wgrad"])
   p.add_argument("--dtype", default=None, help="compute dtype (default: bf16 on GPU, f32 on CPU)")
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--seed", type=int, default=0)

@@ -15,15 +15,17 @@
 #     no (T·K, d) copy of x kept for dW1);
 #   - pallas+ffi: the combined backend (ffi's dW1 then scatters x in the backward);
 #   - pallas+dh/dw2/dx_pairs=ffi+dw1=ffi:wgrad-gather=dw1: that, dW1 through gather_idx;
-#   - pallas+dw2/dx_pairs/dw1=ffi:wgrad-gather=both: pallas' dh too (dO gathered in its
-#     kernel), so dW2 reads dO through gather_idx and no row of x or dO is ever scattered.
+#   - pallas+ffi-wgrad (backends.COMBINED, = pallas+dw2/dx_pairs/dw1=ffi:wgrad-gather=both):
+#     pallas' dh too (dO gathered in its kernel), so dW2 reads dO through gather_idx and no row
+#     of x or dO is ever scattered.
 # mix256: the same question where auto runs pallas+ffi (n <= 256, where ffi's defaults already
 #   read x and dO through gather_idx in dh, dW1 and dW2): pallas+ffi against pallas' dh in it.
+# benchwgrad: the layer benchmark of pallas+ffi-wgrad, ffi and pallas at the n = 512 configs.
 # mem: the compiled step's memory of those variants (benchmarks/memory_report.py).
 set -uo pipefail
 source scripts/device_env.sh
 OUT=${OUT:-$PWD/s38_out}
-MIX_VARIANTS="ffi,ffi:wgrad-gather=dw1,pallas+ffi,pallas+dh/dw2/dx_pairs=ffi+dw1=ffi:wgrad-gather=dw1,pallas+dw2/dx_pairs/dw1=ffi:wgrad-gather=both"
+MIX_VARIANTS="ffi,ffi:wgrad-gather=dw1,pallas+ffi,pallas+dh/dw2/dx_pairs=ffi+dw1=ffi:wgrad-gather=dw1,pallas+ffi-wgrad"
 begin_call
 for part in ${PART//,/ }; do
 case $part in
@@ -46,7 +48,13 @@ mix1024)
 mix256)
   PROF_TAG=mix256 kernel_profile "${PROF_S:-300}" \
     "${PROF_CONFIGS:-paper-1.4B-n256,paper-7B-n256,paper-30B-n256}" \
-    "pallas+ffi,pallas+dw2/dx_pairs/dw1=ffi,ffi,pallas" 0.05
+    "pallas+ffi,pallas+ffi-wgrad,ffi,pallas" 0.05
+  ;;
+benchwgrad)
+  # The layer benchmark (H200: rows for the README's table) of pallas+ffi-wgrad against ffi and
+  # pallas where n >= 512; run it once mix512 / mix1024 show the mix ahead.
+  BACKENDS=${BACKENDS:-ffi,pallas,pallas+ffi-wgrad} layer_bench "${BENCH_S:-560}" s38-wgrad \
+    ${BENCH_CONFIGS:-paper-120B-n512 paper-30B-n512 paper-7B-n512 paper-1.4B-n512}
   ;;
 mem)
   memory_report "${MEM_S:-200}" 8 "${MEM_CONFIGS:-paper-120B-n1024,paper-120B-n512}" \

@@ -5,9 +5,12 @@ on the default device and accepts the call's shapes and dtypes (its ``validate``
 ``xla``: ``select_backend`` makes that choice, ``resolve_backend("auto", d=..., n=...).name``
 says which backend a (d, n) layer gets when its dtypes and sizes suit it.
 
-Besides the three backends, ``"pallas+ffi"`` names a combination (``COMBINED``): the ``pallas``
-forward (up_proj, down_proj, combine) with the ``ffi`` backward GEMMs (dh, dw2, dx_pairs, dw1),
-a ``MixedKernels``. ``auto`` puts it first where n <= PALLAS_FFI_MAX_N; it can be named too.
+Besides the three backends, ``COMBINED`` names combinations of two, each a ``MixedKernels``:
+``"pallas+ffi"``, the ``pallas`` forward (up_proj, down_proj, combine) with the ``ffi`` backward
+GEMMs (dh, dw2, dx_pairs, dw1), which ``auto`` puts first where n <= PALLAS_FFI_MAX_N; and
+``"pallas+ffi-wgrad"``, ``pallas``' forward and dh with ``ffi``'s dx_pairs and weight gradients,
+dW1 / dW2 reading x / dO through the gather index (opt-in: not yet timed as one step). Both can be
+named like the three backends.
 """
 
 from __future__ import annotations
@@ -38,10 +41,23 @@ AUTO_ORDER = ("pallas", "ffi", "xla")
 # against 4.88 at Mixtral-8x7B): pass backend="pallas" to keep the smaller one.
 FFI_FIRST_MIN_N = 512
 
-# Named combinations of two backends: name -> (base backend, {entry point: backend}).
+# Named combinations of two backends: name -> (base backend, {entry point: backend}), a backend
+# being a name, or (name, options) for that backend's kernels class (PallasKernels / FfiKernels).
+_Part = str | tuple[str, tuple[tuple[str, object], ...]]
 PALLAS_FFI = "pallas+ffi"
-COMBINED: dict[str, tuple[str, dict[str, str]]] = {
+# ffi's wgrad_gather="auto" reads x / dO through the index only where ffi's own forward and dh
+# make no copy of them; behind pallas' forward and dh no copy exists at any n.
+_FFI_GATHERED_WGRAD: _Part = ("ffi", (("wgrad_gather", "both"),))
+PALLAS_FFI_WGRAD = "pallas+ffi-wgrad"
+COMBINED: dict[str, tuple[str, dict[str, _Part]]] = {
     PALLAS_FFI: ("pallas", {"dh": "ffi", "dw2": "ffi", "dx_pairs": "ffi", "dw1": "ffi"}),
+    # Each entry point on the backend that ran it faster in session 37's H100 profiles of
+    # 120B-n512 (docs/ffi.md, "Where 120B-n512's step goes", lever 5): pallas' up_proj with the
+    # gather and SwiGLU in the kernel, its down_proj, and its dh with the dO gather and
+    # dSwiGLU / dS / A' in one kernel; ffi's dx_pairs and weight gradients. By those profiles
+    # about 8 % under ffi's step there; scripts/device_s38.sh times it.
+    PALLAS_FFI_WGRAD: ("pallas", {"dx_pairs": _FFI_GATHERED_WGRAD, "dw1": _FFI_GATHERED_WGRAD,
+                                  "dw2": _FFI_GATHERED_WGRAD}),
 }
 # Where the shape is known and n <= PALLAS_FFI_MAX_N, auto tries "pallas+ffi" first: each
 # backend's half is the faster one there. Layer step (forward+backward), kernel ms, pallas / ffi /
@@ -81,21 +97,21 @@ def _load_xla() -> ExpertKernels:
   return XlaKernels()
 
 
-def _load_pallas() -> ExpertKernels:
+def _load_pallas(**options) -> ExpertKernels:
   from sonic_jax.pallas import backend as pallas_backend
   reason = pallas_backend.unavailable_reason()
   if reason:
     raise BackendUnavailableError(f"backend='pallas' is not available: {reason}")
-  return pallas_backend.PallasKernels()
+  return pallas_backend.PallasKernels(**options)
 
 
-def _load_ffi() -> ExpertKernels:
+def _load_ffi(**options) -> ExpertKernels:
   from sonic_jax import ffi
   reason = ffi.unavailable_reason()
   if reason:
     raise BackendUnavailableError(f"backend='ffi' is not available: {reason}")
   from sonic_jax.ffi.backend import FfiKernels
-  return FfiKernels()
+  return FfiKernels(**options)
 
 
 def _load_combined(name: str) -> ExpertKernels:
@@ -104,13 +120,18 @@ def _load_combined(name: str) -> ExpertKernels:
   from sonic_jax.mixed import MixedKernels
   base, entries = COMBINED[name]
   try:
-    return MixedKernels(_resolve_name(base), name=name,
-                        **{entry: _resolve_name(b) for entry, b in entries.items()})
+    return MixedKernels(_resolve_part(base), name=name,
+                        **{entry: _resolve_part(b) for entry, b in entries.items()})
   except BackendUnavailableError as e:
     raise BackendUnavailableError(f"backend={name!r} is not available: {e}") from None
 
 
-_LOADERS: dict[str, Callable[[], ExpertKernels]] = {
+def _resolve_part(backend: _Part) -> ExpertKernels:
+  """A COMBINED part: a backend name, or (name, options); one instance per distinct part."""
+  return _resolve_name(backend) if isinstance(backend, str) else _resolve_name(*backend)
+
+
+_LOADERS: dict[str, Callable[..., ExpertKernels]] = {
     "xla": _load_xla, "pallas": _load_pallas, "ffi": _load_ffi,
     **{name: functools.partial(_load_combined, name) for name in COMBINED}}
 
@@ -125,8 +146,9 @@ def validate_backend_name(backend) -> None:
 
 
 @functools.cache
-def _resolve_name(name: str) -> ExpertKernels:
-  return _LOADERS[name]()
+def _resolve_name(name: str, options: tuple[tuple[str, object], ...] = ()) -> ExpertKernels:
+  """The kernels of backend ``name`` (with ``options`` for its kernels class), loaded once."""
+  return _LOADERS[name](**dict(options))
 
 
 def _available(name: str) -> ExpertKernels | None:
@@ -196,5 +218,5 @@ def available_backends() -> list[str]:
 
 
 __all__ = ["BACKENDS", "AUTO_ORDER", "COMBINED", "FFI_FIRST_MIN_N", "NAMES", "PALLAS_FFI",
-           "PALLAS_FFI_MAX_N", "BackendUnavailableError", "auto_order", "available_backends",
-           "resolve_backend", "select_backend"]
+           "PALLAS_FFI_MAX_N", "PALLAS_FFI_WGRAD", "BackendUnavailableError", "auto_order",
+           "available_backends", "resolve_backend", "select_backend"]

@@ -223,9 +223,9 @@ def moe_experts(x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array, *
     plan: RoutingPlan from ``sonic_jax.route`` / ``route_logits`` / ``RoutingPlan.from_assignments``;
       gradients flow into ``plan.scores``.
     w1: (E, d, 2n) gate | up weights (``sonic_jax.fuse_gate_up``); w2: (E, n, d).
-    backend: "auto", "xla", "pallas", "ffi", "pallas+ffi" (``backends.COMBINED``) or an
-      ExpertKernels instance ("auto": per call, the fastest available backend that accepts these
-      shapes and dtypes; ``select_backend``).
+    backend: "auto", "xla", "pallas", "ffi", a ``backends.COMBINED`` name ("pallas+ffi",
+      "pallas+ffi-wgrad") or an ExpertKernels instance ("auto": per call, the fastest available
+      backend that accepts these shapes and dtypes; ``select_backend``).
   Returns:
     (T, d) in x.dtype: out_t = Σ_k s_tk · SwiGLU(x_t · W1_e) · W2_e.
   """

@@ -26,9 +26,11 @@ def moe(x: jax.Array, router_w: jax.Array, w1: jax.Array, w2: jax.Array, *, top_
     renormalize: scores are the top-K softmax probabilities divided by their sum (Mixtral /
       SonicMoE default); False keeps the raw probabilities (OLMoE / Qwen3 style).
     routing: "topk", "token_rounding" (tile 128, nearest) or a ``TokenRounding`` config.
-    backend: "auto" | "xla" | "pallas" | "ffi" | "pallas+ffi" (``sonic_jax.COMBINED``: the
-      pallas forward with the ffi backward GEMMs), or an ExpertKernels instance. "auto": the
-      fastest available backend for this shape that accepts it (``sonic_jax.select_backend``).
+    backend: "auto" | "xla" | "pallas" | "ffi" | "pallas+ffi" | "pallas+ffi-wgrad"
+      (``sonic_jax.COMBINED``: the pallas forward with the ffi backward GEMMs; pallas' forward
+      and dh with ffi's dx_pairs and gathered weight gradients), or an ExpertKernels instance.
+      "auto": the fastest available backend for this shape that accepts it
+      (``sonic_jax.select_backend``).
     routing_impl: who computes top-K routing and the plan: "auto" (default: the fastest
       measured that runs here, see docs/triton.md; "xla" on CPUs), "xla", "pallas_triton" or
       "jax_triton" (needs the ``triton`` extra). Every choice gives the same plan; token

@@ -22,9 +22,10 @@ class _StandIn(XlaKernels):
   """xla's kernels under a GPU backend's name; records the calls it served; rejects float32
   operands as the GPU backends do."""
 
-  def __init__(self, name: str, calls: list):
+  def __init__(self, name: str, calls: list, **options):
     self.name = name
     self._calls = calls
+    self.options = options  # what a COMBINED part passes to the kernels class
 
   def validate(self, x, plan, w1, w2):
     if x.dtype == jnp.float32:
@@ -41,14 +42,15 @@ def fake_gpu(monkeypatch):
   calls: list[str] = []
 
   def unavailable(name):
-    def load():
+    def load(**_):
       raise backends.BackendUnavailableError(f"backend={name!r} is not available: test")
     return load
 
   def install(*names: str):
     loaders = dict(backends._LOADERS)
     for name in ("pallas", "ffi"):
-      loaders[name] = (lambda n=name: _StandIn(n, calls)) if name in names else unavailable(name)
+      loaders[name] = ((lambda n=name, **opts: _StandIn(n, calls, **opts)) if name in names
+                       else unavailable(name))
     monkeypatch.setattr(backends, "_LOADERS", loaders)
     backends._resolve_name.cache_clear()
     return calls
@@ -97,8 +99,65 @@ def test_pallas_ffi_is_the_pallas_forward_with_the_ffi_backward(fake_gpu):
   with pytest.raises(sonic_jax.BackendUnavailableError,
                      match=r"backend='pallas\+ffi' is not available: backend='ffi'"):
     sonic_jax.resolve_backend("pallas+ffi")
-  with pytest.raises(ValueError, match=r"one of \('xla', 'pallas', 'ffi', 'pallas\+ffi'\)"):
+  with pytest.raises(ValueError, match=r"one of \('xla', 'pallas', 'ffi', 'pallas\+ffi', "):
     sonic_jax.resolve_backend("ffi+pallas")
+
+
+def test_pallas_ffi_wgrad_entry_points_and_options(fake_gpu):
+  """"pallas+ffi-wgrad": pallas' forward and dh, ffi's dx_pairs, dW1 and dW2 on one FfiKernels
+  that reads x / dO through the gather index for both weight gradients (its "auto" would scatter
+  them at n > 256, assuming ffi's own forward); a different instance from plain "ffi"; opt-in
+  (auto never picks it); unavailable, saying which part, where either backend is."""
+  fake_gpu("pallas", "ffi")
+  kern = sonic_jax.resolve_backend("pallas+ffi-wgrad")
+  assert kern.name == "pallas+ffi-wgrad"
+  got = {e: kern.backend_of(e).name for e in ENTRY_POINTS}
+  assert got == {"up_proj": "pallas", "down_proj": "pallas", "combine": "pallas",
+                 "dh": "pallas", "dw2": "ffi", "dx_pairs": "ffi", "dw1": "ffi"}
+  ffi = kern.backend_of("dw1")
+  assert ffi.options == {"wgrad_gather": "both"}
+  assert kern.backend_of("dw2") is ffi and kern.backend_of("dx_pairs") is ffi
+  assert sonic_jax.resolve_backend("ffi") is not ffi
+  assert sonic_jax.resolve_backend("ffi").options == {}
+  assert kern.backend_of("up_proj") is sonic_jax.resolve_backend("pallas")
+  for d, n in ((768, 256), (4096, 512), (7168, 2048), (None, None)):
+    assert "pallas+ffi-wgrad" not in sonic_jax.auto_order(d, n)
+  fake_gpu("ffi")
+  with pytest.raises(sonic_jax.BackendUnavailableError,
+                     match=r"backend='pallas\+ffi-wgrad' is not available: backend='pallas'"):
+    sonic_jax.resolve_backend("pallas+ffi-wgrad")
+
+
+def test_combined_parts_options_are_valid_for_their_kernels_class():
+  """Every COMBINED part with options builds its kernels class with them (no GPU needed to
+  construct PallasKernels / FfiKernels), so a misspelt option fails here, not on a GPU."""
+  from sonic_jax.ffi.backend import FfiKernels
+  from sonic_jax.pallas.backend import PallasKernels
+  classes = {"pallas": PallasKernels, "ffi": FfiKernels}
+  parts = {part for base, entries in sonic_jax.COMBINED.values()
+           for part in (base, *entries.values()) if not isinstance(part, str)}
+  assert parts, "no COMBINED part carries options"
+  for name, options in parts:
+    kern = classes[name](**dict(options))
+    for key, value in options:
+      assert getattr(kern, key) == value
+
+
+def test_named_pallas_ffi_wgrad_trains(fake_gpu):
+  """A training step with backend="pallas+ffi-wgrad" runs pallas' up_proj and matches xla."""
+  calls = fake_gpu("pallas", "ffi")
+  p = Problem(T=32, d=64, n=32, E=4, K=2)
+  x, rw, w1, w2, plan = _call(p, jnp.bfloat16)
+
+  def loss(x, w1, w2, backend):
+    return jnp.sum(sonic_jax.moe(x, rw, w1, w2, top_k=p.K, backend=backend).astype(
+        jnp.float32) ** 2)
+
+  got = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "pallas+ffi-wgrad")
+  assert calls == ["pallas"]
+  want = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "xla")
+  for g, w in zip(got, want):
+    assert rel_err(g, w) < 2e-2 and bool(jnp.all(jnp.isfinite(g)))
 
 
 def test_auto_runs_pallas_ffi_forward_and_backward(fake_gpu):

@@ -31,3 +31,17 @@ def test_train_sharded_on_host_devices():
                           "--check"])
   assert r["mesh"] == dict(data=2, fsdp=2, expert=2)
   assert r["last_loss"] < r["first_loss"]
+
+
+def test_lm_backend_choices_are_every_backend_name():
+  """The example's --backend choices are a literal list (lm_cli imports no jax before the
+  scripts set their platform): they must stay "auto" plus every name backend= takes."""
+  import argparse
+
+  import lm_cli
+
+  from sonic_jax.backends import NAMES
+  p = argparse.ArgumentParser()
+  lm_cli.add_lm_args(p, steps=1)
+  (action,) = [a for a in p._actions if a.dest == "backend"]
+  assert list(action.choices) == ["auto", *NAMES]

@@ -34,9 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                   help=f"groups ({', '.join(GROUPS)}), config names or T,d,n,E,K "
                        "(default: 'all' on a GPU, 'tiny' elsewhere)")
   ap.add_argument("--backends", default="auto",
-                  help="comma list of xla, pallas, ffi, pallas+ffi, pallas-interpret, or "
-                       "'auto' (default: xla, pallas, ffi, pallas+ffi; those that cannot run "
-                       "here are reported with the reason), or 'none'")
+                  help="comma list of xla, pallas, ffi, the backends.COMBINED names "
+                       "(pallas+ffi, pallas+ffi-wgrad), pallas-interpret, or 'auto' (default: "
+                       "all but pallas-interpret; those that cannot run here are reported with "
+                       "the reason), or 'none'")
   ap.add_argument("--baselines", default="all",
                   help=f"comma list of {', '.join(BASELINES)}, or 'all' (default) or 'none'")
   ap.add_argument("--routing", choices=("topk", "tr"), default="topk",

@@ -74,8 +74,8 @@ class Impl:
 
 @dataclasses.dataclass
 class SonicBackend(Impl):
-  """A sonic_jax backend; ``spec`` is 'xla', 'pallas', 'ffi', 'pallas+ffi' (backends.COMBINED)
-  or 'pallas-interpret'."""
+  """A sonic_jax backend; ``spec`` is 'xla', 'pallas', 'ffi', a backends.COMBINED name
+  ('pallas+ffi', 'pallas+ffi-wgrad') or 'pallas-interpret'."""
 
   spec_name: str = "xla"
   _kernels: object = None
@@ -258,7 +258,7 @@ BASELINES = ("mgpu-grouped", "tokamax", "lax-ragged", "sonicmoe-torch", "dense-c
 
 
 def make_impl(name: str) -> Impl:
-  """'xla' | 'pallas' | 'ffi' | 'pallas+ffi' (backends.COMBINED) | 'pallas-interpret' | one of
+  """'xla' | 'pallas' | 'ffi' | a backends.COMBINED name | 'pallas-interpret' | one of
   BASELINES."""
   from sonic_jax.backends import NAMES
   if name in NAMES or name == "pallas-interpret":
@@ -275,5 +275,5 @@ def make_impl(name: str) -> Impl:
     from sonic_jax.bench.torch_baseline import TorchSonicMoE
     return TorchSonicMoE(name, "baseline", checkable=False)
   raise ValueError(
-      f"implementation {name!r} is not one of xla, pallas, ffi, pallas-interpret, "
+      f"implementation {name!r} is not one of {', '.join(NAMES)}, pallas-interpret, "
       f"{', '.join(BASELINES)}")

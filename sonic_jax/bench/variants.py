@@ -1,6 +1,6 @@
 """Backend variants named on the command line of the diagnostic benchmarks.
 
-``xla``, ``pallas+ffi`` (``backends.COMBINED``), ``auto`` (``backend="auto"``: per config the
+``xla``, a ``backends.COMBINED`` name (``pallas+ffi``, ``pallas+ffi-wgrad``), ``auto`` (``backend="auto"``: per config the
 backend ``sonic_jax.auto_order(d, n)`` picks), or ``pallas[:<backward_gathers>][:<option>...]``.
 Options: ``dw1-early`` (dW1 where XLA schedules it, ``PallasKernels(dw1_last=False)``),
 ``dh-ring`` (dh on the warp-specialized ring kernel fed by TMA, ``DhConfig(ring=True)``, 3
