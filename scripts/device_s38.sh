@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Session 38's device calls; no device was lent in session 38, so none has run yet. Carry the built library (ABI 15, csrc unchanged since 8f3d141):
+# Session 38's device calls; no device was lent in session 38, so none has run yet. Carry the
+# built library (ABI 15, csrc unchanged since 8f3d141):
 #   run(command="PART=autobench,mix512 bash scripts/device_s38.sh",
 #       carry=["sonic_jax/ffi/libsonic_jax_cuda.so"], kind="nvidia-h200")
 # autobench: scripts/device_s37.sh's part (auto's GPU test, then the layer benchmark of pallas,
 #   ffi and pallas+ffi at the n = 256 paper configs), for the README's H200 table.
-# mix512 / mix1024: (mix512 first runs the GPU layer tests of the mixes against xla, the new
-#   one included) which backend runs each entry point where n >= 512, where auto runs ffi.
+# mix512 / mix1024: which backend runs each entry point where n >= 512, where auto runs ffi
+#   (mix512 first runs the GPU layer test of pallas+ffi-wgrad's mix against xla, top-K and
+#   token rounding; ~500 s with autobench in one call).
 #   The session-37 profiles (H100, 120B-n512) had pallas ahead on up_proj (7.20 against
 #   scatter 1.68 + 6.80 + SwiGLU 0.52 ms) and on dh (5.13 in one kernel against scatter 1.67 +
 #   3.64 + dSwiGLU 1.25), ffi ahead on dW2 (3.65 against 5.50) and dW1 (7.74 against 8.92).
@@ -37,8 +39,9 @@ autobench)
   ;;
 mix512)
   [[ -f "$OUT/gpu-tests.log" ]] && mv "$OUT/gpu-tests.log" "$OUT/gpu-tests-autobench.log"
-  gpu_tests "${TEST_S:-150}" tests/test_ffi.py -k "layer_forward_backward_matches_xla and mixed"
-  PROF_TAG=mix512 kernel_profile "${PROF_S:-330}" \
+  gpu_tests "${TEST_S:-90}" tests/test_ffi.py \
+    -k "layer_forward_backward_matches_xla and mixed_pallas_dh_ffi_wgrad"
+  PROF_TAG=mix512 kernel_profile "${PROF_S:-300}" \
     "${PROF_CONFIGS:-paper-7B-n512,paper-30B-n512,paper-120B-n512}" "$MIX_VARIANTS" 0.05
   ;;
 mix1024)
