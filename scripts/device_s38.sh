@@ -45,8 +45,12 @@ mix512)
     "${PROF_CONFIGS:-paper-7B-n512,paper-30B-n512,paper-120B-n512}" "$MIX_VARIANTS" 0.05
   ;;
 mix1024)
+  # + pallas+ffi-wgrad with pallas' dh gathering dO in its kernel: at n >= 1024 (and n = 512
+  # below d = 4096) pallas' backward_gathers="auto" gives dh a dispatched (T·K, d) copy of dO,
+  # which it shares with pallas' dW2 in the pallas step, but here only dh reads.
   PROF_TAG=mix1024 kernel_profile "${PROF_S:-330}" \
-    "${PROF_CONFIGS:-paper-1.4B-n1024,paper-30B-n1024,paper-120B-n1024}" "$MIX_VARIANTS" 0.05
+    "${PROF_CONFIGS:-paper-1.4B-n1024,paper-30B-n1024,paper-120B-n1024}" \
+    "$MIX_VARIANTS,pallas:fused+dw2/dx_pairs/dw1=ffi:wgrad-gather=both" 0.05
   ;;
 mix256)
   PROF_TAG=mix256 kernel_profile "${PROF_S:-300}" \
