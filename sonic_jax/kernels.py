@@ -11,6 +11,7 @@ anything there. Backends may fuse several entry points as long as results match.
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 
 import jax
 
@@ -33,6 +34,13 @@ class ExpertKernels(abc.ABC):
 
     Called with concrete shapes before any kernel runs; the default accepts everything.
     """
+
+  def validate_entries(self, x: jax.Array, plan: RoutingPlan, w1: jax.Array, w2: jax.Array,
+                       entries: Collection[str]) -> None:
+    """``validate`` for a caller that runs only ``entries`` (names of ``mixed.ENTRY_POINTS``) on
+    this backend, as ``MixedKernels`` does; the default checks everything (``validate``)."""
+    del entries
+    self.validate(x, plan, w1, w2)
 
   @abc.abstractmethod
   def up_proj(self, x: jax.Array, w1: jax.Array, plan: RoutingPlan, *,

@@ -73,11 +73,17 @@ class MixedKernels(ExpertKernels):
     return f"MixedKernels({', '.join(parts)})"
 
   def validate(self, x, plan, w1, w2) -> None:
-    seen = []
-    for kern in [self.base, *self.overrides.values()]:
-      if kern not in seen:
-        seen.append(kern)
-        kern.validate(x, plan, w1, w2)
+    self.validate_entries(x, plan, w1, w2, ENTRY_POINTS)
+
+  def validate_entries(self, x, plan, w1, w2, entries) -> None:
+    # Each backend checks only the entry points it runs: e.g. pallas' dh cannot tile n = 160,
+    # which is no reason to reject "pallas+ffi", whose dh is ffi's.
+    served: dict[ExpertKernels, list[str]] = {}
+    for entry in ENTRY_POINTS:
+      if entry in entries:
+        served.setdefault(self.backend_of(entry), []).append(entry)
+    for kern, its_entries in served.items():
+      kern.validate_entries(x, plan, w1, w2, tuple(its_entries))
 
   def up_proj(self, x, w1, plan, *, inference=False):
     return self.backend_of("up_proj").up_proj(x, w1, plan, inference=inference)

@@ -134,6 +134,33 @@ def test_validate_runs_every_backend():
   assert seen == ["ok", "picky"]
 
 
+def test_validate_checks_only_the_entry_points_each_backend_runs():
+  """pallas' dh cannot tile n = 160 (its forward can): a mix whose dh, dW1 and dW2 run on ffi
+  (whose checks pass without its library) accepts the shape, one that keeps pallas' dh rejects
+  it naming dh, and pallas alone rejects it; each backend is told its own entry points."""
+  from sonic_jax.ffi.backend import FfiKernels
+  from sonic_jax.pallas.backend import PallasKernels
+  p = Problem(T=64, d=768, n=160, E=4, K=2)
+  x, rw, w1, w2 = (a.astype(jnp.bfloat16) for a in make_inputs(p))
+  plan = sonic_jax.route(x, rw, top_k=p.K)
+  pallas, ffi = PallasKernels(), FfiKernels()
+  with pytest.raises(ValueError, match="backward kernel dh"):
+    pallas.validate(x, plan, w1, w2)
+  pallas.validate(x, plan, w1, w2, backward=False)
+  MixedKernels(pallas, dh=ffi, dw2=ffi, dx_pairs=ffi, dw1=ffi).validate(x, plan, w1, w2)
+  with pytest.raises(ValueError, match="backward kernel dh"):
+    MixedKernels(pallas, dw2=ffi, dx_pairs=ffi, dw1=ffi).validate(x, plan, w1, w2)
+
+  told = []
+
+  class _Told(XlaKernels):
+    def validate_entries(self, x, plan, w1, w2, entries):
+      told.append(tuple(entries))
+
+  MixedKernels(_Told(), dh=ffi, dw1=ffi).validate(x, plan, w1, w2)
+  assert told == [("up_proj", "down_proj", "combine", "dw2", "dx_pairs")]
+
+
 def test_variant_spec():
   from sonic_jax.pallas.backend import PallasKernels
   kern = kernels_for("pallas+dx_pairs/dw1=pallas:xla")

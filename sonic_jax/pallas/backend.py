@@ -10,6 +10,10 @@ from sonic_jax.pallas import configs as cfg_lib
 
 _OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 ROW_GATHERS = ("auto", "xla", "jax_triton", "pallas_triton")
+# What ``validate`` checks with backward=False (dx_pairs is the forward's kernel transposed), and
+# the backward kernels it adds by default.
+_FORWARD_ENTRIES = ("up_proj", "down_proj", "dx_pairs", "combine")
+_BACKWARD_ENTRIES = ("dh", "dw1", "dw2")
 
 
 def unavailable_reason(interpret: bool = False) -> str | None:
@@ -150,8 +154,14 @@ class PallasKernels(ExpertKernels):
     of a backward pass. The layer calls this with the default: it cannot know whether the
     forward will be differentiated.
     """
-    from sonic_jax.pallas import grouped_gemm as gg
+    self.validate_entries(x, plan, w1, w2, _FORWARD_ENTRIES + (_BACKWARD_ENTRIES if backward
+                                                                else ()))
+
+  def validate_entries(self, x, plan, w1, w2, entries) -> None:
+    """``validate`` for the entry points in ``entries`` only (``MixedKernels``: a shape that
+    only an entry point run elsewhere cannot tile is no reason to reject the call)."""
     from sonic_jax.pallas import combine as cb
+    from sonic_jax.pallas import grouped_gemm as gg
     for name, a in (("x", x), ("w1", w1), ("w2", w2)):
       if jnp.dtype(a.dtype) not in _OPERAND_DTYPES:
         raise ValueError(f"{name} must be bfloat16 or float16 for backend='pallas', got {a.dtype}")
@@ -168,34 +178,41 @@ class PallasKernels(ExpertKernels):
       raise ValueError(f"w1 must have shape (E, d, 2n) = (E, {d}, {2 * n}), got {w1.shape}")
     if w2.shape[2] != d:
       raise ValueError(f"w2 must have shape (E, n, d) with d = {d}, got {w2.shape}")
+    forward = {
+        "up_proj": lambda: gg.validate_gemm(plan.capacity, d, n, self._up_config(d, n),
+                                            epilogue="swiglu", what="up_proj (x · w1)"),
+        "down_proj": lambda: gg.validate_gemm(plan.capacity, n, d, self._down_config(n, d),
+                                              epilogue="none", what="down_proj (A · w2)"),
+        "dx_pairs": lambda: gg.validate_gemm(plan.capacity, 2 * n, d,
+                                             self._dx_config(2 * n, d), epilogue="none",
+                                             what="dx_pairs (dH · w1ᵀ)"),
+        "combine": lambda: (cb.validate_combine(d, self._combine_config(d))
+                            if self._combine_config(d).impl == "mosaic" else None),
+    }
     try:
-      gg.validate_gemm(plan.capacity, d, n, self._up_config(d, n), epilogue="swiglu",
-                       what="up_proj (x · w1)")
-      gg.validate_gemm(plan.capacity, n, d, self._down_config(n, d), epilogue="none",
-                       what="down_proj (A · w2)")
-      gg.validate_gemm(plan.capacity, 2 * n, d, self._dx_config(2 * n, d), epilogue="none",
-                       what="dx_pairs (dH · w1ᵀ)")
-      if self._combine_config(d).impl == "mosaic":
-        cb.validate_combine(d, self._combine_config(d))
+      for entry, check in forward.items():
+        if entry in entries:
+          check()
     except ValueError as e:
       raise ValueError(f"x/w1/w2 shapes (d = {d}, n = {n}) cannot be tiled: {e}") from None
-    if backward:
-      self._validate_backward(d, n)
+    self._validate_backward(d, n, [e for e in _BACKWARD_ENTRIES if e in entries])
 
-  def _validate_backward(self, d: int, n: int) -> None:
+  def _validate_backward(self, d: int, n: int, entries=_BACKWARD_ENTRIES) -> None:
     from sonic_jax.pallas import dh as dh_lib
     from sonic_jax.pallas import wgrad as wg_lib
-    checks = (
-        ("dh (dout · w2ᵀ, fused dSwiGLU)",
-         lambda: dh_lib.validate_dh_shapes(d, n, self._dh_config(d, n))),
-        ("dw1 (x[gather_idx]ᵀ · dh)",
-         lambda: wg_lib.validate_wgrad_shapes(d, 2 * n, self._dw1_config(d, 2 * n),
-                                              ("x[gather_idx]", "dh"), gathered="lhs")),
-        ("dw2 (a_primeᵀ · dout[gather_idx])",
-         lambda: wg_lib.validate_wgrad_shapes(n, d, self._dw2_config(n, d),
-                                              ("a_prime", "dout[gather_idx]"), gathered="rhs")),
-    )
-    for what, check in checks:
+    checks = {
+        "dh": ("dh (dout · w2ᵀ, fused dSwiGLU)",
+               lambda: dh_lib.validate_dh_shapes(d, n, self._dh_config(d, n))),
+        "dw1": ("dw1 (x[gather_idx]ᵀ · dh)",
+                lambda: wg_lib.validate_wgrad_shapes(d, 2 * n, self._dw1_config(d, 2 * n),
+                                                     ("x[gather_idx]", "dh"), gathered="lhs")),
+        "dw2": ("dw2 (a_primeᵀ · dout[gather_idx])",
+                lambda: wg_lib.validate_wgrad_shapes(n, d, self._dw2_config(n, d),
+                                                     ("a_prime", "dout[gather_idx]"),
+                                                     gathered="rhs")),
+    }
+    for entry in entries:
+      what, check = checks[entry]
       try:
         check()
       except ValueError as e:
