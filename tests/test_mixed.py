@@ -161,6 +161,26 @@ def test_validate_checks_only_the_entry_points_each_backend_runs():
   assert told == [("up_proj", "down_proj", "combine", "dw2", "dx_pairs")]
 
 
+@pytest.mark.parametrize("d, n", [(128, 160), (256, 96)])
+def test_pallas_forward_where_its_dh_cannot_tile(d, n):
+  """What the per-entry validation lets through: pallas' forward and dx_pairs (interpreter) at an
+  n its dh cannot tile, the other backward kernels on xla; gradients against xla."""
+  from sonic_jax.pallas.backend import PallasKernels
+  p = Problem(T=48, d=d, n=n, E=5, K=2)
+  x, rw, w1, w2 = (a.astype(jnp.bfloat16) for a in make_inputs(p))
+  xla = XlaKernels()
+  mix = MixedKernels(PallasKernels(interpret=True), dh=xla, dw1=xla, dw2=xla)
+
+  def loss(x, w1, w2, backend):
+    out = sonic_jax.moe(x, rw, w1, w2, top_k=p.K, backend=backend)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  got = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, mix)
+  want = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "xla")
+  for g, w in zip(got, want):
+    assert rel_err(g, w) < 1e-2 and bool(jnp.all(jnp.isfinite(g)))
+
+
 def test_variant_spec():
   from sonic_jax.pallas.backend import PallasKernels
   kern = kernels_for("pallas+dx_pairs/dw1=pallas:xla")
