@@ -235,16 +235,20 @@ def test_named_backend_unavailable_says_why(fake_gpu):
 @pytest.mark.gpu
 def test_gpu_auto_picks_by_shape_and_dtype():
   """On a Hopper GPU with both kernel backends: ffi at (d, n) = (1536, 512), pallas+ffi at
-  (768, 256), pallas at (768, 384), xla (with a warning) for float32 operands; each matches the
-  xla backend, forward and gradients."""
+  (768, 256) and at (768, 160), where pallas' dh cannot tile but its forward can (ffi runs the
+  backward), pallas at (768, 384), xla (with a warning) for float32 operands; each matches the
+  xla backend, forward and gradients, and none passes a backend over."""
   missing = {"pallas", "ffi"} - set(sonic_jax.available_backends())
   if missing:
     pytest.skip(f"needs both GPU backends; not available here: {sorted(missing)}")
   for p, want in ((Problem(T=512, d=1536, n=512, E=8, K=2), "ffi"),
                   (Problem(T=512, d=768, n=256, E=8, K=2), "pallas+ffi"),
+                  (Problem(T=512, d=768, n=160, E=8, K=2), "pallas+ffi"),
                   (Problem(T=512, d=768, n=384, E=8, K=2), "pallas")):
     x, rw, w1, w2, plan = _call(p, jnp.bfloat16)
-    assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == want
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == want
 
     def loss(x, rw, w1, w2, backend, k=p.K):
       return jnp.sum(sonic_jax.moe(x, rw, w1, w2, top_k=k, backend=backend).astype(
