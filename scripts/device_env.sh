@@ -32,13 +32,25 @@ begin_call() {
 }
 
 # gpu_tests SECONDS FILE -k EXPR: the marked GPU tests of FILE selected by EXPR, log in
-# $OUT/gpu-tests.log.
+# $OUT/gpu-tests.log, or with TESTS_TAG set in gpu-tests-$TESTS_TAG.log (several runs in one
+# call).
 gpu_tests() {
-  local secs=$1 file=$2
+  local secs=$1 file=$2 log=$OUT/gpu-tests${TESTS_TAG:+-$TESTS_TAG}.log
   shift 2
-  echo "== [$(since) s] GPU tests"
-  timeout "$secs" $PY -m pytest -q -rA -m gpu "$file" "$@" > "$OUT/gpu-tests.log" 2>&1
-  grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/gpu-tests.log" | head -n 20 | cut -c1-200
+  echo "== [$(since) s] GPU tests${TESTS_TAG:+ $TESTS_TAG}"
+  timeout "$secs" $PY -m pytest -q -rA -m gpu "$file" "$@" > "$log" 2>&1
+  grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$log" | head -n 20 | cut -c1-200
+}
+
+# auto_bench TEST_S TOTAL_S TAG CONFIG...: the GPU test of auto's choices (forward and
+# gradients against xla), then the layer benchmark of $BACKENDS (default pallas, ffi and
+# pallas+ffi) on the CONFIGs until TOTAL_S (layer_bench).
+auto_bench() {
+  local test_s=$1 total=$2 tag=$3
+  shift 3
+  gpu_tests "$test_s" tests/test_backends.py -k "gpu_auto"
+  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
+  BACKENDS=${BACKENDS:-pallas,ffi,pallas+ffi} layer_bench "$total" "$tag" "$@"
 }
 
 # memcheck SECONDS FILE -k EXPR: compute-sanitizer memcheck of the marked GPU tests of FILE

@@ -25,9 +25,7 @@ begin_call
 for part in ${PART//,/ }; do
 case $part in
 autobench)
-  gpu_tests "${TEST_S:-150}" tests/test_backends.py -k "gpu_auto"
-  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
-  BACKENDS=${BACKENDS:-pallas,ffi,pallas+ffi} layer_bench "${BENCH_S:-330}" s37-autobench \
+  auto_bench "${TEST_S:-150}" "${BENCH_S:-330}" s37-autobench \
     ${BENCH_CONFIGS:-paper-1.4B-n256 paper-7B-n256 paper-30B-n256}
   ;;
 dw1gather)

@@ -32,14 +32,11 @@ begin_call
 for part in ${PART//,/ }; do
 case $part in
 autobench)
-  gpu_tests "${TEST_S:-150}" tests/test_backends.py -k "gpu_auto"
-  tail -n 3 "$OUT/gpu-tests.log" | cut -c1-200
-  BACKENDS=${BACKENDS:-pallas,ffi,pallas+ffi} layer_bench "${BENCH_S:-200}" s38-autobench \
+  auto_bench "${TEST_S:-150}" "${BENCH_S:-200}" s38-autobench \
     ${BENCH_CONFIGS:-paper-1.4B-n256 paper-7B-n256 paper-30B-n256}
   ;;
 mix512)
-  [[ -f "$OUT/gpu-tests.log" ]] && mv "$OUT/gpu-tests.log" "$OUT/gpu-tests-autobench.log"
-  gpu_tests "${TEST_S:-90}" tests/test_ffi.py \
+  TESTS_TAG=mix512 gpu_tests "${TEST_S:-90}" tests/test_ffi.py \
     -k "layer_forward_backward_matches_xla and mixed_pallas_dh_ffi_wgrad"
   PROF_TAG=mix512 kernel_profile "${PROF_S:-300}" \
     "${PROF_CONFIGS:-paper-7B-n512,paper-30B-n512,paper-120B-n512}" "$MIX_VARIANTS" 0.05
