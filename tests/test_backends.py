@@ -143,30 +143,16 @@ def test_combined_parts_options_are_valid_for_their_kernels_class():
       assert getattr(kern, key) == value
 
 
-def test_named_pallas_ffi_wgrad_trains(fake_gpu):
-  """A training step with backend="pallas+ffi-wgrad" runs pallas' up_proj and matches xla."""
+@pytest.mark.parametrize("backend, runs", [("auto", "pallas+ffi"),
+                                           ("pallas+ffi-wgrad", "pallas+ffi-wgrad")])
+def test_training_step_on_a_combined_backend(fake_gpu, backend, runs):
+  """With both backends, a training step under auto (at n <= 256: "pallas+ffi") or named
+  "pallas+ffi-wgrad" runs pallas' up_proj (the recording stand-ins log only up_proj), matches
+  the reference, and passes nothing over."""
   calls = fake_gpu("pallas", "ffi")
   p = Problem(T=32, d=64, n=32, E=4, K=2)
   x, rw, w1, w2, plan = _call(p, jnp.bfloat16)
-
-  def loss(x, w1, w2, backend):
-    return jnp.sum(sonic_jax.moe(x, rw, w1, w2, top_k=p.K, backend=backend).astype(
-        jnp.float32) ** 2)
-
-  got = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "pallas+ffi-wgrad")
-  assert calls == ["pallas"]
-  want = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "xla")
-  for g, w in zip(got, want):
-    assert rel_err(g, w) < 2e-2 and bool(jnp.all(jnp.isfinite(g)))
-
-
-def test_auto_runs_pallas_ffi_forward_and_backward(fake_gpu):
-  """At n <= 256 with both backends, a training step under auto runs pallas' up_proj (the
-  recording stand-ins log only up_proj), matches the reference, and passes nothing over."""
-  calls = fake_gpu("pallas", "ffi")
-  p = Problem(T=32, d=64, n=32, E=4, K=2)
-  x, rw, w1, w2, plan = _call(p, jnp.bfloat16)
-  assert sonic_jax.select_backend("auto", x, plan, w1, w2).name == "pallas+ffi"
+  assert sonic_jax.select_backend(backend, x, plan, w1, w2).name == runs
 
   def loss(x, w1, w2, backend):
     return jnp.sum(sonic_jax.moe(x, rw, w1, w2, top_k=p.K, backend=backend).astype(
@@ -174,7 +160,7 @@ def test_auto_runs_pallas_ffi_forward_and_backward(fake_gpu):
 
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    got = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "auto")
+    got = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, backend)
   assert calls == ["pallas"]
   want = jax.grad(loss, argnums=(0, 1, 2))(x, w1, w2, "xla")
   for g, w in zip(got, want):

@@ -197,7 +197,7 @@ class PallasKernels(ExpertKernels):
       raise ValueError(f"x/w1/w2 shapes (d = {d}, n = {n}) cannot be tiled: {e}") from None
     self._validate_backward(d, n, [e for e in _BACKWARD_ENTRIES if e in entries])
 
-  def _validate_backward(self, d: int, n: int, entries=_BACKWARD_ENTRIES) -> None:
+  def _validate_backward(self, d: int, n: int, entries) -> None:
     from sonic_jax.pallas import dh as dh_lib
     from sonic_jax.pallas import wgrad as wg_lib
     checks = {
